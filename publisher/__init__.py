@@ -1,0 +1,1 @@
+"""publisher package."""

@@ -1,0 +1,216 @@
+"""Compare-and-set: the only way a run document changes (SPEC §2 "Write conditions", ADR-0004).
+
+A write is a list of `Condition`s over the stored document and an `Update`. Each backend runs it
+as one single-document atomic operation: SQLite evaluates the conditions with `matches()` inside
+an IMMEDIATE transaction; MongoDB turns them into a filter with `to_mongo_filter()` for
+`find_one_and_update`. Both see the same storage form (instants as epoch ms, see `codec`), so
+`LeaseFree` means the same thing everywhere.
+
+Conditions are deliberately few: equality on scalars, inequality, membership, and the one
+"lease free" predicate every rule shares. Equality on whole sub-documents is not offered
+(MongoDB compares them field-order-sensitively); carry the `version` read instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any
+
+from store.errors import IllegalTransition
+from store.models import RunDocument, RunStatus
+from store.status import check_transitions
+from store.timeutil import to_ms
+
+Scalar = str | int | float | bool | None | datetime | Enum
+
+
+def to_storage(value: Any) -> Any:
+    """Python value → storage form: aware datetimes become epoch ms, enums their values."""
+    if isinstance(value, datetime):
+        return to_ms(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_storage(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_storage(v) for v in value]
+    return value
+
+
+def _check_scalar(path: str, value: Any) -> None:
+    if isinstance(value, Mapping | list | tuple):
+        raise TypeError(f"condition on {path!r}: compare scalars only (carry `version` instead)")
+
+
+def _lookup(doc: Mapping[str, Any], path: str) -> Any:
+    cur: Any = doc
+    for part in path.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+@dataclass(frozen=True, slots=True)
+class Eq:
+    """`path == value`; `value=None` matches an absent or null field."""
+
+    path: str
+    value: Scalar
+
+    def __post_init__(self) -> None:
+        _check_scalar(self.path, self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Ne:
+    """`path != value`; an absent field is "not equal" (as in MongoDB's `$ne`)."""
+
+    path: str
+    value: Scalar
+
+    def __post_init__(self) -> None:
+        _check_scalar(self.path, self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class In:
+    path: str
+    values: tuple[Scalar, ...]
+
+    def __post_init__(self) -> None:
+        for v in self.values:
+            _check_scalar(self.path, v)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFree:
+    """SPEC §2 "lease free": no lease, or `lease.expires_at + skew <= now`."""
+
+    now: datetime
+    skew: timedelta
+
+    @property
+    def cutoff_ms(self) -> int:
+        return to_ms(self.now) - int(self.skew.total_seconds() * 1000)
+
+
+Condition = Eq | Ne | In | LeaseFree
+
+
+def lease_is_free(doc: RunDocument, now: datetime, skew: timedelta) -> bool:
+    """The in-memory form of `LeaseFree`, for judging a document already read."""
+    return doc.lease is None or doc.lease.expires_at + skew <= now
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """Fields to set and unset (dotted paths). `bump_version=False` only for a lease refresh
+    and a `publication` write (SPEC §2)."""
+
+    set: Mapping[str, Any] = field(default_factory=dict)
+    unset: Sequence[str] = ()
+    bump_version: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CasConflict:
+    """The conditions did not hold. `current` is the document as re-read (None: it vanished)."""
+
+    current: RunDocument | None
+
+
+def matches(doc: Mapping[str, Any], conditions: Sequence[Condition]) -> bool:
+    """Evaluate conditions against a document in storage form."""
+    for cond in conditions:
+        if isinstance(cond, LeaseFree):
+            expires = _lookup(doc, "lease.expires_at")
+            if doc.get("lease") is not None and (expires is None or expires > cond.cutoff_ms):
+                return False
+        elif isinstance(cond, Eq):
+            if _lookup(doc, cond.path) != to_storage(cond.value):
+                return False
+        elif isinstance(cond, Ne):
+            if _lookup(doc, cond.path) == to_storage(cond.value):
+                return False
+        elif _lookup(doc, cond.path) not in [to_storage(v) for v in cond.values]:
+            return False
+    return True
+
+
+def to_mongo_filter(run_id: str, conditions: Sequence[Condition]) -> dict[str, Any]:
+    clauses: list[dict[str, Any]] = [{"_id": run_id}]
+    for cond in conditions:
+        if isinstance(cond, LeaseFree):
+            clauses.append(
+                {"$or": [{"lease": None}, {"lease.expires_at": {"$lte": cond.cutoff_ms}}]}
+            )
+        elif isinstance(cond, Eq):
+            clauses.append({cond.path: to_storage(cond.value)})
+        elif isinstance(cond, Ne):
+            clauses.append({cond.path: {"$ne": to_storage(cond.value)}})
+        else:
+            clauses.append({cond.path: {"$in": [to_storage(v) for v in cond.values]}})
+    return {"$and": clauses}
+
+
+def _expected_statuses(conditions: Sequence[Condition]) -> list[RunStatus] | None:
+    for cond in conditions:
+        if isinstance(cond, Eq) and cond.path == "status" and cond.value is not None:
+            return [RunStatus(str(to_storage(cond.value)))]
+        if isinstance(cond, In) and cond.path == "status":
+            return [RunStatus(str(to_storage(v))) for v in cond.values]
+    return None
+
+
+_TOP_LEVEL = frozenset(RunDocument.model_fields)
+_IMMUTABLE = frozenset({"run_id", "tenant", "origin", "created_at", "version"})
+
+
+def check_update(conditions: Sequence[Condition], update: Update) -> None:
+    """Refuse, before any I/O, a write no rule allows: an unconditional or illegal status
+    write, a write to an immutable or unknown field."""
+    for path in [*update.set, *update.unset]:
+        top = path.split(".", 1)[0]
+        if top not in _TOP_LEVEL:
+            raise IllegalTransition(f"unknown run field {path!r}")
+        if top in _IMMUTABLE:
+            raise IllegalTransition(f"run field {path!r} is not writable")
+    if "status" in update.set:
+        expected = _expected_statuses(conditions)
+        if expected is None:
+            raise IllegalTransition("a status write must expect the status it read (SPEC §2)")
+        check_transitions(expected, RunStatus(str(to_storage(update.set["status"]))))
+    elif "status" in update.unset:
+        raise IllegalTransition("status cannot be unset")
+
+
+def apply_update(doc: dict[str, Any], update: Update, now_ms: int) -> dict[str, Any]:
+    """Apply an update to a storage-form document (returns a new dict)."""
+    import copy
+
+    out = copy.deepcopy(doc)
+    for path, value in update.set.items():
+        parts = path.split(".")
+        cur = out
+        for part in parts[:-1]:
+            nxt = cur.get(part)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                cur[part] = nxt
+            cur = nxt
+        cur[parts[-1]] = to_storage(value)
+    for path in update.unset:
+        parts = path.split(".")
+        cur = out
+        for part in parts[:-1]:
+            cur = cur.get(part) or {}
+        if isinstance(cur, dict):
+            cur.pop(parts[-1], None)
+    if update.bump_version:
+        out["version"] = int(out.get("version", 1)) + 1
+        out["updated_at"] = now_ms
+    return out

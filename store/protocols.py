@@ -1,0 +1,178 @@
+"""The seams: `RunStore` (runs, events, interactions, staged-upload records, locks) and
+`BlobStore` (bytes). SPEC §9.
+
+Every method is a single-document atomic operation, so a standalone `mongod` (no replica set,
+no transactions) gives the same guarantees as SQLite. Anything a claim or a resume must see
+lives on the run document; events, interactions and staged-upload records are projections written
+after it and repaired by re-running the action that wrote them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from store.cas import CasConflict, Condition, Update
+from store.models import (
+    Event,
+    Interaction,
+    Origin,
+    RunDocument,
+    RunStatus,
+    StagedUpload,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    """Filters for `RunStore.list_runs`; every given filter must hold. Paging is keyset on
+    `run_id` (time-ordered UUIDv7), so a page is stable while runs are being created."""
+
+    statuses: Sequence[RunStatus] = ()
+    tenant: str | None = None
+    origin: Origin | None = None
+    failure_codes: Sequence[str] = ()
+    lease_expires_before: datetime | None = None
+    created_since: datetime | None = None
+    updated_before: datetime | None = None
+    after_run_id: str | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    runs: list[RunDocument]
+    next_after: str | None
+    """Pass as `after_run_id` for the next page; None on the last page."""
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    async def create_run(self, doc: RunDocument) -> RunDocument:
+        """Insert a new run. Create-only: an existing `run_id` raises `RunAlreadyExists` and
+        leaves the existing document untouched."""
+        ...
+
+    async def get_run(self, run_id: str) -> RunDocument:
+        """The run as stored (not filtered by tenant). `RunNotFound` if absent;
+        `DocumentInvalid` if the stored document does not validate."""
+        ...
+
+    async def update_run(
+        self, run_id: str, conditions: Sequence[Condition], update: Update
+    ) -> RunDocument | CasConflict:
+        """Compare-and-set: when every condition holds, apply `update` atomically and return
+        the new document; otherwise return `CasConflict` with the current document. A status
+        write must expect a status and be legal in the status table (`IllegalTransition`)."""
+        ...
+
+    async def list_runs(self, query: RunQuery) -> RunPage:
+        """Runs matching `query`, ordered by `run_id`, at most `query.limit`."""
+        ...
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Remove a run with its events and interactions (`gc`). True if it existed."""
+        ...
+
+    async def append_event(
+        self,
+        run_id: str,
+        type: str,
+        data: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
+        execution: str | None = None,
+    ) -> Event:
+        """Append one event with `seq = max(seq) + 1` for the run under a unique
+        `(run_id, seq)` index, retrying on a conflict: sequences are gap-free per run."""
+        ...
+
+    async def read_events(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        """Events with `seq > after_seq`, ascending: readers poll "after the last seq"."""
+        ...
+
+    async def put_interaction(self, interaction: Interaction) -> Interaction:
+        """Create the interaction, or return the existing one with that id (idempotent, so the
+        action that projects it can be re-run)."""
+        ...
+
+    async def answer_interaction(
+        self, interaction_id: str, answers: dict[str, Any], at: datetime
+    ) -> Interaction | None:
+        """Pending → answered by CAS; None if it was not pending (or does not exist)."""
+        ...
+
+    async def retire_interactions(self, run_id: str) -> int:
+        """Pending → retired for every pending interaction of the run; returns how many."""
+        ...
+
+    async def list_interactions(
+        self, run_id: str, *, pending_only: bool = False
+    ) -> list[Interaction]: ...
+
+    async def put_staged_upload(self, record: StagedUpload) -> None:
+        """Create-only, like `create_run` (ids carry 128 bits of randomness)."""
+        ...
+
+    async def get_staged_upload(self, upload_id: str, tenant: str) -> StagedUpload | None:
+        """The record if it exists *and* belongs to `tenant`; another tenant sees None."""
+        ...
+
+    async def delete_staged_upload(self, upload_id: str, tenant: str) -> bool: ...
+
+    async def list_staged_uploads_before(
+        self, cutoff: datetime, limit: int = 100
+    ) -> list[StagedUpload]:
+        """Records created before `cutoff`, any tenant (for the reaper)."""
+        ...
+
+    async def try_lock(self, name: str, owner: str, now: datetime, ttl_s: float) -> bool:
+        """Take or renew the named lock if it is free, expired, or already `owner`'s."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise `StoreUnavailable` unless the store answers (readiness)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    key: str
+    size: int
+    modified: datetime
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    """Bytes by key (`runs/<id>/scratch/<token>.tgz`, `uploads/<id>/<name>`, `dlq/<seq>.bin`).
+    Keys are relative, '/'-separated, never contain '..' (`BlobKeyInvalid`). Large objects move
+    file-to-file, never whole in memory."""
+
+    async def put_file(self, key: str, path: Path) -> BlobInfo:
+        """Store the file's bytes under `key`, replacing any previous object atomically."""
+        ...
+
+    async def put_bytes(self, key: str, data: bytes) -> BlobInfo: ...
+
+    async def get_to_file(self, key: str, path: Path) -> BlobInfo:
+        """Write the object to `path` (streamed). `BlobNotFound` if absent."""
+        ...
+
+    async def get_bytes(self, key: str) -> bytes:
+        """For small objects only (records, DLQ bodies)."""
+        ...
+
+    async def stat(self, key: str) -> BlobInfo | None: ...
+
+    async def delete(self, key: str) -> bool: ...
+
+    async def list(self, prefix: str) -> list[BlobInfo]:
+        """Every object whose key starts with `prefix`, sorted by key."""
+        ...
+
+    async def close(self) -> None: ...

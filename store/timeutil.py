@@ -1,0 +1,51 @@
+"""Time at module boundaries: timezone-aware UTC, millisecond precision.
+
+Stored documents keep instants as epoch milliseconds (SPEC §1), so MongoDB (which truncates to
+milliseconds) and SQLite compare lease expiries in one convention. In memory they are aware
+`datetime`s; a naive datetime is refused where it would cross a boundary.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+
+def utcnow() -> datetime:
+    """Now, aware UTC, truncated to the millisecond so it round-trips through any store."""
+    return truncate_ms(datetime.now(UTC))
+
+
+def truncate_ms(value: datetime) -> datetime:
+    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+
+
+def to_ms(value: datetime) -> int:
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: runfleet only accepts timezone-aware UTC instants")
+    delta = value.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    return delta // timedelta(milliseconds=1)
+
+
+def from_ms(value: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=value)
+
+
+def _coerce_utc(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected an instant, got a bool")
+    if isinstance(value, int):
+        return from_ms(value)
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: runfleet only accepts timezone-aware UTC instants")
+        return truncate_ms(value.astimezone(UTC))
+    return value
+
+
+UtcDatetime = Annotated[datetime, BeforeValidator(_coerce_utc)]
+"""An aware UTC instant at millisecond precision; accepts epoch ms (storage) or ISO text."""
