@@ -167,7 +167,7 @@ def _expected_statuses(conditions: Sequence[Condition]) -> list[RunStatus] | Non
 
 
 _TOP_LEVEL = frozenset(RunDocument.model_fields)
-_IMMUTABLE = frozenset({"run_id", "tenant", "origin", "created_at", "version"})
+_IMMUTABLE = frozenset({"run_id", "tenant", "created_at", "version"})
 
 
 def check_update(conditions: Sequence[Condition], update: Update) -> None:

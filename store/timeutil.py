@@ -49,3 +49,37 @@ def _coerce_utc(value: Any) -> Any:
 
 UtcDatetime = Annotated[datetime, BeforeValidator(_coerce_utc)]
 """An aware UTC instant at millisecond precision; accepts epoch ms (storage) or ISO text."""
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """`30s`, `5m`, `1h`, `250ms`, `1d`, or plain seconds (int, float or numeric text)."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("a duration, not a bool")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        for unit in sorted(_UNITS, key=len, reverse=True):
+            if text.endswith(unit) and text[: -len(unit)].strip():
+                number = text[: -len(unit)].strip()
+                seconds = float(number) * _UNITS[unit]
+                break
+        else:
+            try:
+                seconds = float(text)
+            except ValueError:
+                raise ValueError(
+                    f"{value!r} is not a duration (use e.g. 30s, 5m, 1h or seconds)"
+                ) from None
+    if seconds < 0:
+        raise ValueError(f"duration {value!r} is negative")
+    return timedelta(seconds=seconds)
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+"""A non-negative duration from `30s`, `5m`, `1h` or plain seconds."""

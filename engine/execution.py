@@ -1,0 +1,404 @@
+"""One execution of a claimed run: `run()` walks the graph from the checkpoint and returns an
+`Outcome` with the sandbox still up; `teardown()` stops the sandbox (SPEC §5.4, §6).
+
+The checkpoint is written (fenced) at every node boundary, so the next execution of the run
+starts at `restart_node` and never re-executes a completed node (SPEC §13.6). A failure anchors
+at the failing node; a cancel or pause anchors at the node about to run; a resumable `fail`
+anchors at its guard (SPEC §6.5). Status writes are the caller's (see `settle.py`): the runner
+must put a DLQ record before the status on a last delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from engine.budget import exceeded
+from engine.cancel import CancelSignal
+from engine.config import EngineSettings
+from engine.errors import ExpressionError, TemplateError
+from engine.events import EventLog
+from engine.expressions import evaluate
+from engine.failures import (
+    FailureClass,
+    FailureCode,
+    node_retries_for,
+    node_retry_backoff,
+    rule_for,
+)
+from engine.fencing import FencedWriter, LeaseLost
+from engine.loader import load_workflow
+from engine.nodes import (
+    CallContext,
+    NodeFailed,
+    NodeOk,
+    NodeResult,
+    run_call,
+    run_compute,
+    run_tool,
+)
+from engine.outcome import (
+    Cancelled,
+    CancelReason,
+    Failed,
+    Finished,
+    Interrupted,
+    Outcome,
+    Paused,
+)
+from engine.sandbox.errors import SandboxError
+from engine.sandbox.protocols import Sandbox, SandboxDriver, SandboxSpec
+from engine.templates import render
+from engine.vars import resolve_vars
+from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, ToolNode, Workflow
+from store import BlobStore, Checkpoint, Interaction, RunDocument, RunStore, utcnow
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Execution:
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        run: RunDocument,
+        token: str,
+        driver: SandboxDriver,
+        settings: EngineSettings,
+        cancel: CancelSignal,
+        data_dir: Path,
+        blobs: BlobStore | None = None,
+        events: EventLog | None = None,
+    ) -> None:
+        self.store = store
+        self.run_doc = run
+        self.run_id = run.run_id
+        self.token = token
+        self.driver = driver
+        self.settings = settings
+        self.cancel = cancel
+        self.blobs = blobs
+        self.writer = FencedWriter(store, run.run_id, token, run.attempt, cancel)
+        self.events = events or EventLog(store, run.run_id, run.attempt, token, cancel)
+        self.workflow: Workflow = load_workflow(run.workflow.source, f"run {run.run_id}").workflow
+        self.checkpoint = (
+            run.checkpoint.model_copy(deep=True) if run.checkpoint is not None else Checkpoint()
+        )
+        if not self.checkpoint.vars:
+            self.checkpoint.vars = resolve_vars(self.workflow, run.inputs)
+        self.workspace = data_dir / "work" / run.run_id / token
+        self.scratch = data_dir / "scratch" / run.run_id
+        self._sandbox: Sandbox | None = None
+
+    # -- the public two steps ------------------------------------------------------------------
+
+    async def run(self) -> Outcome:
+        try:
+            return await self._run()
+        except LeaseLost:
+            return Interrupted(CancelReason.LEASE_LOST)
+
+    async def teardown(self) -> None:
+        """Stop the sandbox and drop the per-execution workspace. The scratch survives (the
+        local driver's scratch is host-backed, SPEC §7.2b); banking comes with remote drivers."""
+        if self._sandbox is not None:
+            await self._sandbox.stop()
+            self._sandbox = None
+        await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+
+    # -- the walk ------------------------------------------------------------------------------
+
+    async def _run(self) -> Outcome:
+        stopped = await self.driver.stop_others(self.run_id, keep_token=self.token)
+        if stopped:
+            log.info("run %s: stopped sandboxes of earlier executions: %s", self.run_id, stopped)
+        cp = self.checkpoint
+        node_id = cp.restart_node or self.workflow.entry
+        node = self.workflow.nodes[node_id]
+        if isinstance(node, HumanNode) and node_id in cp.outputs and cp.pending_interaction is None:
+            # The fresh claim wrote the answers as this node's output (SPEC §5.3): they select
+            # the outgoing edge; the node itself is not asked again.
+            await self.events.emit("human_answers_recorded", node=node_id)
+            await self.events.emit("node_finished", node=node_id, in_sandbox=False, answered=True)
+            nxt = await self._advance(node_id)
+            if not isinstance(nxt, str):
+                return nxt
+            node_id = nxt
+
+        while True:
+            if self.cancel.is_set:
+                return await self._stop_for_cancel(node_id)
+            why = exceeded(self.run_doc.budget, cp.usage)
+            if why is not None:
+                cp.restart_node = node_id
+                await self.writer.write_checkpoint(cp)
+                return Paused("budget", node_id, detail=why)
+            node = self.workflow.nodes[node_id]
+            if isinstance(node, HumanNode):
+                return await self._pause_for_human(node_id, node)
+            if isinstance(node, FailNode):
+                return await self._deliberate_failure(node_id, node)
+            result = await self._execute_with_retries(node_id)
+            if result is None:
+                return await self._stop_for_cancel(node_id)
+            if isinstance(result, NodeFailed):
+                cp.restart_node = node_id
+                cp.node_retries.pop(node_id, None)
+                await self.writer.write_checkpoint(cp)
+                return Failed(result.code, result.error, node=node_id)
+            stored = await self._store_output(node_id, result.output)
+            if isinstance(stored, Failed):
+                cp.restart_node = node_id
+                await self.writer.write_checkpoint(cp)
+                return stored
+            cp.outputs[node_id] = stored
+            cp.node_retries.pop(node_id, None)
+            if node_id not in cp.completed:
+                cp.completed.append(node_id)
+            in_sandbox = isinstance(node, ToolNode)
+            if in_sandbox:
+                cp.sandbox_progress = cp.progress + 1
+            await self.events.emit("node_finished", node=node_id, in_sandbox=in_sandbox)
+            nxt = await self._advance(node_id)
+            if not isinstance(nxt, str):
+                return nxt
+            node_id = nxt
+
+    async def _advance(self, node_id: str) -> str | Outcome:
+        """Select the edge out of a completed node and write the boundary checkpoint."""
+        cp = self.checkpoint
+        cp.progress += 1
+        try:
+            nxt = self._select_edge(node_id)
+        except ExpressionError as exc:
+            cp.restart_node = node_id
+            await self.writer.write_checkpoint(cp)
+            return Failed(FailureCode.EXPRESSION_FAILED, str(exc), node=node_id)
+        if isinstance(nxt, Failed):
+            cp.restart_node = node_id
+            await self.writer.write_checkpoint(cp)
+            return nxt
+        cp.restart_node = nxt
+        await self.writer.write_checkpoint(cp)
+        return Finished() if nxt is None else nxt
+
+    def _select_edge(self, node_id: str) -> str | Failed | None:
+        edges = self.workflow.outgoing(node_id)
+        if not edges:
+            return None
+        scope = self.scope()
+        skipped_loop = False
+        for edge in edges:
+            if edge.when is not None and not evaluate(edge.when, scope):
+                continue
+            if edge.loop is not None:
+                count = self.checkpoint.loop_counters.get(edge.loop.name, 0)
+                if count >= edge.loop.max:
+                    skipped_loop = True
+                    continue
+                self.checkpoint.loop_counters[edge.loop.name] = count + 1
+            return edge.to
+        if skipped_loop:
+            return Failed(FailureCode.LOOP_EXHAUSTED, f"{node_id}: loop exhausted", node=node_id)
+        return Failed(
+            FailureCode.NO_OUTGOING_EDGE, f"{node_id}: no outgoing edge matched", node=node_id
+        )
+
+    def scope(self) -> dict[str, Any]:
+        """What expressions and templates see (SPEC §6.1), plus the caps and the accounting
+        so a guard can compare progress with a budget a resume may raise."""
+        cp = self.checkpoint
+        answers: dict[str, Any] = {}
+        for nid, node in self.workflow.nodes.items():
+            if isinstance(node, HumanNode) and isinstance(cp.outputs.get(nid), dict):
+                answers.update(cp.outputs[nid])
+        return {
+            "vars": cp.vars,
+            "outputs": cp.outputs,
+            "answers": answers,
+            "loop": cp.loop_counters,
+            "budget": self.run_doc.budget.model_dump(),
+            "usage": cp.usage.model_dump(),
+            "attachments": {},
+        }
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    async def _execute_with_retries(self, node_id: str) -> NodeResult | None:
+        node = self.workflow.nodes[node_id]
+        cp = self.checkpoint
+        declared = getattr(getattr(node, "retry", None), "max", None)
+        backoff = getattr(getattr(node, "retry", None), "backoff", None) or 1.0
+        while True:
+            await self.events.emit("node_started", node=node_id)
+            started = time.monotonic()
+            result = await self._race(self._execute(node_id))
+            cp.usage.elapsed += time.monotonic() - started
+            cp.usage.iterations += 1
+            if result is None:
+                return None
+            cp.usage.cost_usd += result.cost_usd
+            if isinstance(result, NodeOk):
+                return result
+            used = cp.node_retries.get(node_id, 0)
+            retry = used < node_retries_for(result.code, declared)
+            await self.events.emit(
+                "node_failed", node=node_id, code=result.code, error=result.error, retry=retry
+            )
+            if not retry:
+                return result
+            cp.node_retries[node_id] = used + 1
+            await self.writer.write_checkpoint(cp)
+            pause = node_retry_backoff(used + 1, base_s=float(backoff))
+            if await self._race(asyncio.sleep(pause, result)) is None:
+                return None
+
+    async def _execute(self, node_id: str) -> NodeResult:
+        node = self.workflow.nodes[node_id]
+        scope = self.scope()
+        if isinstance(node, ComputeNode):
+            return await run_compute(node, scope)
+        if isinstance(node, ToolNode):
+            try:
+                return await run_tool(
+                    node_id,
+                    node,
+                    scope,
+                    self._ensure_sandbox,
+                    self.events,
+                    self.settings.output_cap,
+                )
+            except SandboxError as exc:
+                code = exc.failure_code or FailureCode.INTERNAL_ERROR
+                return NodeFailed(code, f"{node_id}: {exc}")
+        if isinstance(node, CallNode):
+            ctx = CallContext(
+                run_id=self.run_id,
+                node=node_id,
+                attempt=self.run_doc.attempt,
+                vars=self.checkpoint.vars,
+                outputs=self.checkpoint.outputs,
+            )
+            try:
+                return await asyncio.wait_for(run_call(node_id, node, scope, ctx), node.timeout)
+            except TimeoutError:
+                return NodeFailed(FailureCode.TIMEOUT, f"{node_id}: timed out", ctx.cost_usd)
+        raise AssertionError(f"node kind {type(node).__name__} is not executable")
+
+    async def _race(self, work: Coroutine[Any, Any, T]) -> T | None:
+        """Run `work` unless the cancel signal fires first; then cancel it within the
+        node-cancellation budget and return None."""
+        task: asyncio.Task[T] = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(self.cancel.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        budget = self.settings.node_cancel_budget.total_seconds()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(task, budget)
+        return None
+
+    async def _ensure_sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self.workspace.mkdir(parents=True, exist_ok=True)
+            self.scratch.mkdir(parents=True, exist_ok=True)
+            self._sandbox = await self.driver.start(
+                SandboxSpec(
+                    run_id=self.run_id,
+                    lease_token=self.token,
+                    workspace_dir=self.workspace,
+                    scratch_dir=self.scratch,
+                )
+            )
+            await self.events.emit("sandbox_started", name=self._sandbox.name)
+        return self._sandbox
+
+    async def _store_output(self, node_id: str, output: Any) -> Any:
+        """Outputs over the cap spill to the blob store (SPEC §2); without one they fail."""
+        encoded = json.dumps(output, default=str).encode()
+        if len(encoded) <= self.settings.output_cap:
+            return output
+        if self.blobs is None:
+            return Failed(
+                FailureCode.OUTPUT_TOO_LARGE,
+                f"{node_id}: output of {len(encoded)} bytes exceeds {self.settings.output_cap}",
+                node=node_id,
+            )
+        key = f"runs/{self.run_id}/outputs/{node_id}/{self.checkpoint.progress}"
+        await self.blobs.put_bytes(key, encoded)
+        return {"$blob": key, "bytes": len(encoded)}
+
+    # -- stops ---------------------------------------------------------------------------------
+
+    async def _pause_for_human(self, node_id: str, node: HumanNode) -> Outcome:
+        cp = self.checkpoint
+        questions = [q.model_dump() for q in node.questions]
+        interaction_id = f"{self.run_id}:{node_id}:{cp.progress}"
+        cp.restart_node = node_id
+        cp.outputs.pop(node_id, None)
+        cp.pending_interaction = {"id": interaction_id, "node": node_id, "questions": questions}
+        await self.writer.write_checkpoint(cp)
+        await self.store.put_interaction(
+            Interaction(
+                id=interaction_id,
+                run_id=self.run_id,
+                tenant=self.run_doc.tenant,
+                node=node_id,
+                attempt=self.run_doc.attempt,
+                questions=questions,
+                created_at=utcnow(),
+            )
+        )
+        await self.events.emit("human_input_requested", node=node_id, questions=questions)
+        return Paused("human", node_id)
+
+    async def _deliberate_failure(self, node_id: str, node: FailNode) -> Outcome:
+        cp = self.checkpoint
+        preds = sorted(set(self.workflow.predecessors(node_id)))
+        try:
+            message = render(node.message, self.scope(), shell=False) if node.message else node.code
+        except TemplateError:
+            message = node.message
+        if node.resumable and len(preds) == 1:
+            # Anchor on the guard so a resume re-evaluates it (SPEC §6.5).
+            cp.restart_node = preds[0]
+            await self.writer.write_checkpoint(cp)
+            return Failed(node.code, message, node=node_id, deliberate=True, resumable=True)
+        warning = None
+        if node.resumable:
+            warning = (
+                f"fail node {node_id!r} is resumable but has {len(preds)} predecessors"
+                " (a guard needs exactly one): the run ends failed"
+            )
+            log.warning("run %s: %s", self.run_id, warning)
+        cp.restart_node = node_id
+        await self.writer.write_checkpoint(cp)
+        return Failed(
+            node.code, message, node=node_id, deliberate=True, resumable=False, warning=warning
+        )
+
+    async def _stop_for_cancel(self, node_id: str) -> Outcome:
+        reason = self.cancel.reason
+        if reason is CancelReason.LEASE_LOST or reason is None:
+            return Interrupted(CancelReason.LEASE_LOST)
+        self.checkpoint.restart_node = node_id
+        await self.writer.write_checkpoint(self.checkpoint)
+        if reason is CancelReason.OPERATOR:
+            return Cancelled()
+        return Interrupted(reason)
+
+
+def classify(outcome: Failed) -> FailureClass:
+    return rule_for(outcome.code, bot_resumable=outcome.resumable).klass

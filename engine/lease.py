@@ -1,0 +1,115 @@
+"""The lease keeper (SPEC §5.4): refresh by CAS on the token every interval, read
+`cancel_requested` on the same beat, and declare the lease lost only when refreshes kept failing
+until `expires_at - loss_margin`. Used by the runner (which adds a working ack to each beat) and
+by local executions (`runfleet run`), which are fenced like any other."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from engine.cancel import CancelSignal
+from engine.outcome import CancelReason
+from store import CasConflict, Eq, RunStore, StoreError, Update, utcnow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTiming:
+    ttl: timedelta = timedelta(seconds=30)
+    interval: timedelta = timedelta(seconds=10)
+    skew: timedelta = timedelta(seconds=2)
+    loss_margin: timedelta = timedelta(seconds=5)
+
+    def check(self) -> None:
+        """The relations of SPEC §12, refused at start with a clear error."""
+        if self.interval * 3 > self.ttl:
+            raise ValueError(
+                f"RUNFLEET_LEASE_INTERVAL ({self.interval}) must be <= TTL/3 ({self.ttl / 3})"
+            )
+        if self.loss_margin > self.ttl - 2 * self.interval:
+            raise ValueError(
+                f"RUNFLEET_LEASE_LOSS_MARGIN ({self.loss_margin}) must be <= TTL - 2 x interval"
+            )
+
+
+Beat = Callable[[], Awaitable[None]]
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        store: RunStore,
+        run_id: str,
+        token: str,
+        expires_at: datetime,
+        timing: LeaseTiming,
+        cancel: CancelSignal,
+        on_beat: Beat | None = None,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.token = token
+        self.expires_at = expires_at
+        self.timing = timing
+        self.cancel = cancel
+        self.on_beat = on_beat
+        self.refreshes = 0
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _pause(self, seconds: float) -> bool:
+        """Wait `seconds` or until stopped; True when stopped."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=max(seconds, 0.0))
+        return self._stop.is_set()
+
+    async def run(self) -> None:
+        while not await self._pause(self.timing.interval.total_seconds()):
+            if not await self.refresh_once():
+                return
+            if self.on_beat is not None:
+                try:
+                    await self.on_beat()
+                except Exception:
+                    log.warning("working ack for run %s failed", self.run_id, exc_info=True)
+
+    async def refresh_once(self) -> bool:
+        """One beat. False when the lease is lost (the cancel signal says so)."""
+        deadline = self.expires_at - self.timing.loss_margin
+        backoff = 0.05
+        while True:
+            new_expiry = utcnow() + self.timing.ttl
+            try:
+                result = await self.store.update_run(
+                    self.run_id,
+                    [Eq("lease.token", self.token)],
+                    Update(set={"lease.expires_at": new_expiry}, bump_version=False),
+                )
+            except StoreError as exc:
+                if utcnow() >= deadline:
+                    log.error("run %s: lease lost, refreshes failed until the margin", self.run_id)
+                    self.cancel.cancel(CancelReason.LEASE_LOST)
+                    return False
+                log.warning("run %s: lease refresh failed (%s); retrying", self.run_id, exc)
+                remaining = (deadline - utcnow()).total_seconds()
+                if await self._pause(min(backoff, max(remaining, 0.0))):
+                    return True
+                backoff = min(backoff * 2, 1.0)
+                continue
+            if isinstance(result, CasConflict):
+                log.error("run %s: lease %s taken over", self.run_id, self.token)
+                self.cancel.cancel(CancelReason.LEASE_LOST)
+                return False
+            self.expires_at = new_expiry
+            self.refreshes += 1
+            if result.cancel_requested:
+                self.cancel.cancel(CancelReason.OPERATOR)
+            return True

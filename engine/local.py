@@ -1,0 +1,200 @@
+"""Local executions: `runfleet run FILE` and `runfleet resume RUN --local` (SPEC §5.3 "Local").
+
+No queue: the local claim resumes and claims in one CAS on the `version` read with the lease
+free, writing `attempt + 1`, `running`, a lease, the request's effects and `origin: local`. The
+execution is then fenced and refreshed exactly like a fleet one; the sweeper never republishes
+`local` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uuid6
+
+from engine.cancel import CancelSignal
+from engine.config import EngineSettings
+from engine.events import EventLog
+from engine.execution import Execution
+from engine.failures import is_auto_resumable
+from engine.lease import LeaseKeeper
+from engine.loader import LoadedWorkflow
+from engine.refusals import RunBusy
+from engine.resume import ResumeRequest, claim_effects, judge_resume
+from engine.sandbox.protocols import SandboxDriver
+from engine.settle import settle
+from engine.vars import resolve_vars
+from store import (
+    BlobStore,
+    Budget,
+    CasConflict,
+    Eq,
+    Event,
+    Lease,
+    LeaseFree,
+    Origin,
+    RunDocument,
+    RunStatus,
+    RunStore,
+    Update,
+    WorkflowRef,
+    lease_is_free,
+    utcnow,
+)
+
+
+def owner_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class LocalEnv:
+    store: RunStore
+    driver: SandboxDriver
+    settings: EngineSettings
+    data_dir: Path
+    blobs: BlobStore | None = None
+    on_event: Callable[[Event], None] | None = None
+
+
+def new_run_id() -> str:
+    return str(uuid6.uuid7())
+
+
+async def run_local(
+    env: LocalEnv, loaded: LoadedWorkflow, inputs: dict[str, Any], *, tenant: str = "default"
+) -> RunDocument:
+    """Create a `local` run already claimed (create-only, so nothing else can hold it) and
+    execute it to its outcome."""
+    resolve_vars(loaded.workflow, inputs)  # refuse bad --var values before anything is written
+    now = utcnow()
+    token = uuid.uuid4().hex
+    budget = Budget.model_validate(loaded.workflow.budget.model_dump())
+    doc = RunDocument(
+        run_id=new_run_id(),
+        tenant=tenant,
+        origin=Origin.LOCAL,
+        workflow=WorkflowRef(
+            name=loaded.workflow.name, source=loaded.source, source_hash=loaded.source_hash
+        ),
+        inputs=inputs,
+        budget=budget,
+        status=RunStatus.RUNNING,
+        attempt=1,
+        attempt_at=now,
+        lease=Lease(
+            owner=owner_name(),
+            token=token,
+            attempt=1,
+            expires_at=now + env.settings.lease_timing().ttl,
+        ),
+        created_at=now,
+        updated_at=now,
+    )
+    await env.store.create_run(doc)
+    events = EventLog(env.store, doc.run_id, 1, token, listener=env.on_event)
+    await events.emit("run_launched", workflow=loaded.workflow.name, origin="local")
+    await events.emit("run_claimed", path="local", runner=owner_name())
+    return await execute_claimed(env, doc, token)
+
+
+async def claim_local(env: LocalEnv, run: RunDocument, request: ResumeRequest) -> RunDocument:
+    """Judge the resume, then resume and claim in one CAS (version read ∧ lease free)."""
+    spec = judge_resume(run, request)
+    timing = env.settings.lease_timing()
+    now = utcnow()
+    if not lease_is_free(run, now, timing.skew):
+        raise RunBusy(run.run_id)
+    token = uuid.uuid4().hex
+    attempt = run.attempt + 1
+    fields: dict[str, Any] = {
+        "status": RunStatus.RUNNING,
+        "origin": Origin.LOCAL,
+        "attempt": attempt,
+        "attempt_at": now,
+        "resume_spec": spec.model_dump(),
+        "cancel_requested": False,
+        "failure_code": None,
+        "error": None,
+        "cause_code": None,
+        "lease": Lease(
+            owner=owner_name(), token=token, attempt=attempt, expires_at=now + timing.ttl
+        ).model_dump(),
+        **claim_effects(run, spec),
+    }
+    result = await env.store.update_run(
+        run.run_id,
+        [Eq("version", run.version), Eq("status", run.status), LeaseFree(now, timing.skew)],
+        Update(set=fields),
+    )
+    if isinstance(result, CasConflict):
+        current = result.current
+        if current is not None and not lease_is_free(current, utcnow(), timing.skew):
+            raise RunBusy(run.run_id)
+        # Something else changed the run between our read and our write: judge it again.
+        fresh = await env.store.get_run(run.run_id)
+        return await claim_local(env, fresh, request)
+    events = EventLog(env.store, run.run_id, attempt, token, listener=env.on_event)
+    await events.emit("run_resumed", from_status=str(run.status))
+    await events.emit("run_claimed", path="local", runner=owner_name())
+    if run.checkpoint is not None:
+        await events.emit("run_workspace_reset")
+    return result
+
+
+async def resume_local(
+    env: LocalEnv, run_id: str, request: ResumeRequest, *, auto_resume: int = 0
+) -> RunDocument:
+    """Resume in-process; with `auto_resume` N, re-claim up to N times while the outcome is an
+    auto-resumable failure (the same table the fleet reads)."""
+    run = await env.store.get_run(run_id)
+    claimed = await claim_local(env, run, request)
+    assert claimed.lease is not None
+    doc = await execute_claimed(env, claimed, claimed.lease.token)
+    for _ in range(auto_resume):
+        if doc.status is not RunStatus.FAILED_RESUMABLE or not is_auto_resumable(doc.failure_code):
+            break
+        claimed = await claim_local(env, doc, ResumeRequest())
+        assert claimed.lease is not None
+        doc = await execute_claimed(env, claimed, claimed.lease.token)
+    return doc
+
+
+async def execute_claimed(env: LocalEnv, run: RunDocument, token: str) -> RunDocument:
+    """Run a claimed execution to its end with the SPEC §5.4 order: status, teardown, release."""
+    assert run.lease is not None
+    cancel = CancelSignal()
+    events = EventLog(env.store, run.run_id, run.attempt, token, cancel, listener=env.on_event)
+    execution = Execution(
+        store=env.store,
+        run=run,
+        token=token,
+        driver=env.driver,
+        settings=env.settings,
+        cancel=cancel,
+        data_dir=env.data_dir,
+        blobs=env.blobs,
+        events=events,
+    )
+    keeper = LeaseKeeper(
+        env.store, run.run_id, token, run.lease.expires_at, env.settings.lease_timing(), cancel
+    )
+    keeper_task = asyncio.ensure_future(keeper.run())
+    try:
+        outcome = await execution.run()
+        await settle(execution.writer, events, outcome)
+        await execution.teardown()
+        await execution.writer.release()
+    finally:
+        keeper.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper_task
+    return await env.store.get_run(run.run_id)

@@ -1,0 +1,168 @@
+"""Executing one node of each kind (SPEC §6.1). A node returns a value or a failure code; it
+never touches the checkpoint or the status (that is `execution.py`'s job at the boundary).
+
+Nodes are at-least-once: a crash mid-node re-runs it on the next execution.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.call_errors import AmbiguousEffect, Permanent, Transient
+from engine.errors import ExpressionError, TemplateError
+from engine.events import EventLog
+from engine.expressions import evaluate
+from engine.failures import FailureCode
+from engine.sandbox.protocols import Sandbox
+from engine.templates import render
+from engine.workflow import CallNode, ComputeNode, ToolNode
+
+EXIT_TEMPFAIL = 75
+"""EX_TEMPFAIL: a tool says "try me again" (TOOL_FAILED_TRANSIENT)."""
+
+OUTPUT_CHUNK = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOk:
+    output: Any
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailed:
+    code: str
+    error: str
+    cost_usd: float = 0.0
+
+
+NodeResult = NodeOk | NodeFailed
+
+
+@dataclass
+class CallContext:
+    """What a `call` node's function receives: who it runs for, and a way to report cost."""
+
+    run_id: str
+    node: str
+    attempt: int
+    vars: Mapping[str, Any]
+    outputs: Mapping[str, Any]
+    cost_usd: float = field(default=0.0)
+
+    def report_cost(self, usd: float) -> None:
+        if usd < 0:
+            raise ValueError("cost cannot be negative")
+        self.cost_usd += usd
+
+
+SandboxProvider = Callable[[], Awaitable[Sandbox]]
+
+
+async def run_compute(node: ComputeNode, scope: Mapping[str, Any]) -> NodeResult:
+    try:
+        return NodeOk({name: evaluate(expr, scope) for name, expr in node.set.items()})
+    except ExpressionError as exc:
+        return NodeFailed(FailureCode.EXPRESSION_FAILED, str(exc))
+
+
+async def run_tool(
+    node_id: str,
+    node: ToolNode,
+    scope: Mapping[str, Any],
+    sandbox: SandboxProvider,
+    events: EventLog,
+    output_cap: int,
+) -> NodeResult:
+    try:
+        command = render(node.run, scope, shell=True)
+    except TemplateError as exc:
+        return NodeFailed(FailureCode.EXPRESSION_FAILED, str(exc))
+    box = await sandbox()
+    captured = bytearray()
+    overflow = False
+    pending: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+
+    async def flush(stream: str) -> None:
+        buf = pending[stream]
+        if buf:
+            text = bytes(buf).decode("utf-8", errors="replace")
+            buf.clear()
+            await events.emit("node_output", node=node_id, stream=stream, text=text)
+
+    async def on_output(stream: str, chunk: bytes) -> None:
+        nonlocal overflow
+        if stream == "stdout":
+            if len(captured) + len(chunk) > output_cap:
+                overflow = True
+            else:
+                captured.extend(chunk)
+        pending[stream].extend(chunk)
+        if len(pending[stream]) >= OUTPUT_CHUNK:
+            await flush(stream)
+
+    result = await box.exec(command, timeout_s=node.timeout, on_output=on_output)
+    await flush("stdout")
+    await flush("stderr")
+    if result.timed_out:
+        return NodeFailed(FailureCode.TIMEOUT, f"{node_id}: timed out after {node.timeout:g}s")
+    if result.exit_code == EXIT_TEMPFAIL:
+        return NodeFailed(FailureCode.TOOL_FAILED_TRANSIENT, _tool_error(node_id, result))
+    if result.exit_code != 0:
+        return NodeFailed(FailureCode.TOOL_FAILED_PERMANENT, _tool_error(node_id, result))
+    if overflow:
+        return NodeFailed(
+            FailureCode.OUTPUT_TOO_LARGE, f"{node_id}: stdout exceeds {output_cap} bytes"
+        )
+    text = bytes(captured).decode("utf-8", errors="replace")
+    if node.output == "json":
+        try:
+            return NodeOk(json.loads(text))
+        except json.JSONDecodeError as exc:
+            return NodeFailed(FailureCode.SCHEMA_VALIDATION, f"{node_id}: stdout not JSON: {exc}")
+    return NodeOk(text.rstrip("\n"))
+
+
+def _tool_error(node_id: str, result: Any) -> str:
+    tail = bytes(result.stderr_tail[-2000:]).decode("utf-8", errors="replace").strip()
+    return f"{node_id}: exit {result.exit_code}" + (f": {tail}" if tail else "")
+
+
+async def run_call(
+    node_id: str, node: CallNode, scope: Mapping[str, Any], ctx: CallContext
+) -> NodeResult:
+    try:
+        inputs = {
+            k: render(v, scope, shell=False) if isinstance(v, str) else v
+            for k, v in node.inputs.items()
+        }
+        module_name, _, func_name = node.function.partition(":")
+        fn = getattr(importlib.import_module(module_name), func_name)
+    except TemplateError as exc:
+        return NodeFailed(FailureCode.EXPRESSION_FAILED, str(exc))
+    except (ImportError, AttributeError) as exc:
+        return NodeFailed(FailureCode.WORKFLOW_INVALID, f"{node_id}: {node.function}: {exc}")
+    try:
+        value = fn(ctx, inputs)
+        if inspect.isawaitable(value):
+            value = await value
+    except Transient as exc:
+        return NodeFailed(exc.code, f"{node_id}: {exc}", ctx.cost_usd)
+    except Permanent as exc:
+        return NodeFailed(exc.code, f"{node_id}: {exc}", ctx.cost_usd)
+    except AmbiguousEffect as exc:
+        return NodeFailed(FailureCode.AMBIGUOUS_EFFECT, f"{node_id}: {exc}", ctx.cost_usd)
+    except Exception as exc:  # noqa: BLE001 - any other error of user code is EXECUTION_FAILED
+        return NodeFailed(
+            FailureCode.EXECUTION_FAILED, f"{node_id}: {type(exc).__name__}: {exc}", ctx.cost_usd
+        )
+    if value is not None and not isinstance(value, dict):
+        return NodeFailed(
+            FailureCode.SCHEMA_VALIDATION, f"{node_id}: a call must return a dict", ctx.cost_usd
+        )
+    return NodeOk(value or {}, ctx.cost_usd)

@@ -1,0 +1,73 @@
+"""Typed refusals of a resume or a rewind (SPEC §4, §6.7, §10: CLI exit code 3).
+
+Each has a stable `code` and a `remedy`; the resume refusals are raised in the order SPEC §4
+lists them, so the first thing a person must fix is the first thing they are told.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from store import Refusal
+
+
+class RunNotResumable(Refusal):
+    code = "run_not_resumable"
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(
+            f"run {run_id} is {status}: only paused, failed_resumable or cancelled runs resume",
+            remedy="check `runfleet status RUN`; a finished or failed run can only be rewound",
+        )
+
+
+class ScratchNotPortable(Refusal):
+    code = "scratch_not_portable"
+
+    def __init__(self, run_id: str, why: str, *, also_needs_force: bool = False) -> None:
+        consents = "--accept-scratch-loss" + (" and --force" if also_needs_force else "")
+        super().__init__(
+            f"run {run_id}: its scratch cannot follow it ({why})",
+            remedy=f"resume with {consents} to continue without the scratch",
+        )
+        self.also_needs_force = also_needs_force
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        if self.also_needs_force:
+            out["also_needs_force"] = True
+        return out
+
+
+class WorkflowSourceChanged(Refusal):
+    code = "workflow_source_changed"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"run {run_id}: the given workflow file differs from the run's source",
+            remedy="resume with --force to swap the source in, or omit --file",
+        )
+
+
+class BudgetBelowConsumed(Refusal):
+    code = "budget_below_consumed"
+
+    def __init__(self, run_id: str, fields: Sequence[str]) -> None:
+        super().__init__(
+            f"run {run_id}: new cap below what is already consumed: {', '.join(fields)}",
+            remedy="raise the cap above the consumed amount shown by `runfleet status RUN`",
+        )
+
+
+class RunBusy(Refusal):
+    code = "run_busy"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"run {run_id}: an execution still holds its lease",
+            remedy="wait for the execution to stop (or cancel it), then retry",
+        )
+
+
+class RewindRefused(Refusal):
+    code = "rewind_refused"

@@ -1,0 +1,131 @@
+"""Judging a resume and computing its effects (SPEC §4, §5.3, §5.7, §6.4, §7.4).
+
+`judge_resume` raises the surface refusals in the order SPEC §4 gives and returns the attempt's
+`ResumeSpec`; nothing is written. `claim_effects` is what the *fresh* (or local) claim of that
+attempt writes in its own CAS: answers as the paused node's output, merged budget, a forced
+source, a forsaken scratch. Consents themselves are never written anywhere but `resume_spec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.answers import coerce_answers
+from engine.budget import below_consumed, merge_overrides
+from engine.errors import AnswersRequired
+from engine.loader import LoadedWorkflow, load_workflow
+from engine.refusals import (
+    BudgetBelowConsumed,
+    RunNotResumable,
+    ScratchNotPortable,
+    WorkflowSourceChanged,
+)
+from engine.workflow import HumanNode
+from store import (
+    Budget,
+    Checkpoint,
+    Consents,
+    ResumeSpec,
+    RunDocument,
+    RunStatus,
+    WorkflowRef,
+    utcnow,
+)
+from store.status import OPERATOR_RESUMABLE
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    answers: dict[str, Any] = field(default_factory=dict)
+    answers_from_cli: bool = True
+    answers_base_dir: Path | None = None
+    force: bool = False
+    accept_scratch_loss: bool = False
+    budget: Budget | None = None
+    new_source: LoadedWorkflow | None = None
+
+
+def scratch_problem(run: RunDocument) -> str | None:
+    """Why the run's scratch cannot follow it, or None (SPEC §7.4)."""
+    rec = run.scratch
+    if rec is None or rec.forsaken:
+        return None
+    if rec.state == "unbankable":
+        return "the last teardown could not bank a non-empty scratch"
+    cp = run.checkpoint or Checkpoint()
+    if rec.state == "banked" and cp.sandbox_progress > rec.progress:
+        return "the run moved past its bank (a sandbox node finished after it)"
+    return None
+
+
+def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
+    if run.status not in OPERATOR_RESUMABLE:
+        raise RunNotResumable(run.run_id, run.status)
+    answers: dict[str, Any] = {}
+    pending = (run.checkpoint.pending_interaction if run.checkpoint else None) or None
+    if run.status is RunStatus.PAUSED_WAITING_HUMAN and pending is not None:
+        workflow = load_workflow(run.workflow.source, f"run {run.run_id}").workflow
+        node = workflow.nodes.get(str(pending.get("node")))
+        if not request.answers:
+            names = [q.name for q in node.questions] if isinstance(node, HumanNode) else []
+            raise AnswersRequired(names)
+        if isinstance(node, HumanNode):
+            answers = coerce_answers(
+                node.questions,
+                request.answers,
+                from_cli=request.answers_from_cli,
+                base_dir=request.answers_base_dir,
+            )
+    scratch_why = scratch_problem(run)
+    source_changed = (
+        request.new_source is not None
+        and request.new_source.source_hash != run.workflow.source_hash
+    )
+    if scratch_why is not None and not request.accept_scratch_loss:
+        raise ScratchNotPortable(
+            run.run_id, scratch_why, also_needs_force=source_changed and not request.force
+        )
+    if source_changed and not request.force:
+        raise WorkflowSourceChanged(run.run_id)
+    if request.budget is not None:
+        merged = merge_overrides(run.budget, request.budget)
+        usage = (run.checkpoint or Checkpoint()).usage
+        low = [f for f in below_consumed(merged, usage) if getattr(request.budget, f) is not None]
+        if low:
+            raise BudgetBelowConsumed(run.run_id, low)
+    new_ref = None
+    if source_changed and request.new_source is not None:
+        new_ref = WorkflowRef(
+            name=request.new_source.workflow.name,
+            source=request.new_source.source,
+            source_hash=request.new_source.source_hash,
+        )
+    return ResumeSpec(
+        attempt=run.attempt + 1,
+        prior_status=run.status,
+        answers=answers,
+        consents=Consents(force=request.force, accept_scratch_loss=request.accept_scratch_loss),
+        budget=request.budget,
+        workflow=new_ref,
+        published_at=utcnow(),
+    )
+
+
+def claim_effects(run: RunDocument, spec: ResumeSpec) -> dict[str, Any]:
+    """The fields the fresh claim of `spec.attempt` writes (never the consents themselves)."""
+    fields: dict[str, Any] = {}
+    cp = (run.checkpoint or Checkpoint()).model_copy(deep=True)
+    pending = cp.pending_interaction
+    if spec.answers and pending is not None:
+        cp.outputs[str(pending["node"])] = dict(spec.answers)
+        cp.pending_interaction = None
+        fields["checkpoint"] = cp.model_dump()
+    if spec.budget is not None:
+        fields["budget"] = merge_overrides(run.budget, spec.budget).model_dump()
+    if spec.workflow is not None and spec.consents.force:
+        fields["workflow"] = spec.workflow.model_dump()
+    if spec.consents.accept_scratch_loss and run.scratch is not None:
+        fields["scratch.forsaken"] = True
+    return fields

@@ -1,0 +1,60 @@
+"""Resolving a run's `vars` (SPEC §6.1): declared defaults overlaid with the launch's `--var`
+values, coerced to each declared type. Resolved once, then kept in the checkpoint."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from engine.workflow import Workflow, value_fits
+from store import Refusal
+
+_TRUE = {"true", "yes", "1"}
+_FALSE = {"false", "no", "0"}
+
+
+class VarsInvalid(Refusal):
+    code = "vars_invalid"
+    remedy = "pass --var name=value for the workflow's declared vars (see its `vars:`)"
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"var {name!r}: {message}")
+        self.field = name
+
+
+def _coerce(name: str, type_: str, value: Any) -> Any:
+    if value_fits(type_, value):
+        return value
+    if type_ == "number" and value_fits("int", value):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if type_ == "string":
+            return value
+        if type_ == "bool" and text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
+        if type_ == "int" and re.fullmatch(r"[+-]?\d+", text):
+            return int(text)
+        if type_ == "number":
+            try:
+                return float(text) if any(c in text for c in ".eE") else int(text)
+            except ValueError:
+                pass
+    raise VarsInvalid(name, f"expected {type_}, got {value!r}")
+
+
+def resolve_vars(workflow: Workflow, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    for name in inputs:
+        if name not in workflow.vars:
+            declared = ", ".join(workflow.vars) or "none"
+            raise VarsInvalid(name, f"not declared by workflow {workflow.name!r} ({declared})")
+    out: dict[str, Any] = {}
+    for name, spec in workflow.vars.items():
+        if name in inputs:
+            out[name] = _coerce(name, spec.type, inputs[name])
+        elif spec.default is not None:
+            out[name] = spec.default
+        else:
+            raise VarsInvalid(name, "required (no default) and not given")
+    return out

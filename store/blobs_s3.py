@@ -1,0 +1,375 @@
+"""`BlobStore` on S3 (or any S3-compatible server) through aioboto3 (SPEC §9).
+
+One client is opened on first use and kept until `close()`. Files above `multipart_threshold` are
+uploaded part by part (each part read from the file only when it is sent), and a failed or
+cancelled multipart upload is aborted; a bucket lifecycle rule catches the ones an abort could not
+reach (`deploy/`). Reads stream to a temp file beside the destination, renamed into place when
+complete, so memory holds one chunk (or one part) at a time.
+
+botocore and aiohttp errors are translated here, and only here, into `store.errors`:
+not found → `BlobNotFound`; unreachable endpoint, timeouts and 5xx/throttling → `StoreUnavailable`
+(transient) naming the endpoint; anything else → `StoreError` carrying the S3 error code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import aioboto3
+import aiohttp
+from aiobotocore.config import AioConfig  # type: ignore[import-untyped]
+from botocore.exceptions import (  # type: ignore[import-untyped]
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from store.blobkeys import validate_key, validate_prefix
+from store.errors import BlobNotFound, StoreError, StoreUnavailable
+from store.protocols import BlobInfo
+from store.timeutil import truncate_ms, utcnow
+
+MiB = 1024 * 1024
+MIN_PART_SIZE = 5 * MiB
+"""S3 refuses smaller parts (except the last)."""
+MAX_PARTS = 10_000
+_READ_CHUNK = 1 * MiB
+_TEMP_PREFIX = ".rf-tmp-"
+_NOT_FOUND = frozenset({"NoSuchKey", "NotFound", "404"})
+_TRANSIENT = frozenset(
+    {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling"}
+)
+
+
+class S3BlobStore:
+    """Blobs as objects `<prefix>/<key>` in `bucket`."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        session: aioboto3.Session | None = None,
+        multipart_threshold: int = 8 * MiB,
+        part_size: int = 8 * MiB,
+        max_attempts: int = 3,
+        list_page_size: int = 1000,
+    ) -> None:
+        if not bucket:
+            raise ValueError("S3BlobStore needs a bucket name")
+        if part_size < MIN_PART_SIZE:
+            raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes (S3's minimum)")
+        if multipart_threshold < 0:
+            raise ValueError("multipart_threshold must not be negative")
+        stripped = prefix.strip("/")
+        if stripped:
+            validate_key(stripped)
+        self.bucket = bucket
+        self.prefix = f"{stripped}/" if stripped else ""
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.multipart_threshold = multipart_threshold
+        self.part_size = part_size
+        self.list_page_size = list_page_size
+        self._session = session if session is not None else aioboto3.Session()
+        self._config = AioConfig(
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            connect_timeout=10,
+            read_timeout=60,
+        )
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+        self._open_lock = asyncio.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return f"S3BlobStore('s3://{self.bucket}/{self.prefix}'{where})"
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint named in errors."""
+        if self.endpoint_url:
+            return self.endpoint_url
+        return f"the AWS S3 endpoint for region {self.region or '(default)'}"
+
+    def object_key(self, key: str) -> str:
+        """The S3 object key for a blob key (the store's prefix prepended)."""
+        return self.prefix + validate_key(key)
+
+    # -- BlobStore -------------------------------------------------------------------------
+
+    async def put_file(self, key: str, path: Path) -> BlobInfo:
+        name = self.object_key(key)
+        path = Path(path)
+        s3 = await self._s3()
+        with _local_errors(f"cannot read {path}"):
+            size = (await asyncio.to_thread(path.stat)).st_size
+        if size > self.multipart_threshold:
+            return await self._put_multipart(s3, key, name, path, size)
+        # At most `multipart_threshold` bytes: the same bound as one part.
+        with _local_errors(f"cannot read {path}"):
+            data = await asyncio.to_thread(path.read_bytes)
+        return await self._put_object(s3, key, name, data)
+
+    async def put_bytes(self, key: str, data: bytes) -> BlobInfo:
+        name = self.object_key(key)
+        return await self._put_object(await self._s3(), key, name, bytes(data))
+
+    async def get_to_file(self, key: str, path: Path) -> BlobInfo:
+        name = self.object_key(key)
+        dest = Path(path)
+        s3 = await self._s3()
+        with self._translate("reading", key):
+            resp = await s3.get_object(Bucket=self.bucket, Key=name)
+            info = BlobInfo(key=key, size=resp["ContentLength"], modified=_aware(resp))
+            body = resp["Body"]
+            async with body:
+                out, tmp = await asyncio.to_thread(_open_temp_beside, dest)
+                try:
+                    # body.read (not the raw stream) so botocore checks the content length.
+                    while chunk := await body.read(_READ_CHUNK):
+                        await asyncio.to_thread(_write, out, chunk, dest)
+                    await asyncio.to_thread(_commit_temp, out, tmp, dest)
+                except BaseException:
+                    await asyncio.to_thread(_discard_temp, out, tmp)
+                    raise
+        return info
+
+    async def get_bytes(self, key: str) -> bytes:
+        name = self.object_key(key)
+        s3 = await self._s3()
+        with self._translate("reading", key):
+            resp = await s3.get_object(Bucket=self.bucket, Key=name)
+            body = resp["Body"]
+            async with body:
+                data: bytes = await body.read()
+        return data
+
+    async def stat(self, key: str) -> BlobInfo | None:
+        name = self.object_key(key)
+        s3 = await self._s3()
+        try:
+            with self._translate("inspecting", key):
+                resp = await s3.head_object(Bucket=self.bucket, Key=name)
+        except BlobNotFound:
+            return None
+        return BlobInfo(key=key, size=resp["ContentLength"], modified=_aware(resp))
+
+    async def delete(self, key: str) -> bool:
+        """True if the object existed. S3 deletes are idempotent and say nothing, so this asks
+        first: two racing deletes may both answer True."""
+        if await self.stat(key) is None:
+            return False
+        s3 = await self._s3()
+        with self._translate("deleting", key):
+            await s3.delete_object(Bucket=self.bucket, Key=self.object_key(key))
+        return True
+
+    async def list(self, prefix: str) -> list[BlobInfo]:
+        validate_prefix(prefix)
+        s3 = await self._s3()
+        found: list[BlobInfo] = []
+        with self._translate("listing", prefix):
+            paginator = s3.get_paginator("list_objects_v2")
+            pages = paginator.paginate(
+                Bucket=self.bucket,
+                Prefix=self.prefix + prefix,
+                PaginationConfig={"PageSize": self.list_page_size},
+            )
+            async for page in pages:
+                for obj in page.get("Contents", ()):
+                    found.append(
+                        BlobInfo(
+                            key=obj["Key"][len(self.prefix) :],
+                            size=obj["Size"],
+                            modified=_utc(obj["LastModified"]),
+                        )
+                    )
+        found.sort(key=lambda info: info.key)
+        return found
+
+    async def close(self) -> None:
+        """Close the client; idempotent. The store cannot be used afterwards."""
+        self._closed = True
+        self._client = None
+        await self._stack.aclose()
+
+    # -- internals -------------------------------------------------------------------------
+
+    async def _s3(self) -> Any:
+        if self._closed:
+            raise StoreError(f"{self!r} is closed")
+        if self._client is None:
+            async with self._open_lock:
+                if self._client is None:
+                    with self._translate("opening a client", None):
+                        self._client = await self._stack.enter_async_context(
+                            self._session.client(
+                                "s3",
+                                endpoint_url=self.endpoint_url,
+                                region_name=self.region,
+                                config=self._config,
+                            )
+                        )
+        return self._client
+
+    async def _put_object(self, s3: Any, key: str, name: str, data: bytes) -> BlobInfo:
+        with self._translate("writing", key):
+            resp = await s3.put_object(Bucket=self.bucket, Key=name, Body=data)
+        return BlobInfo(key=key, size=len(data), modified=_server_time(resp))
+
+    async def _put_multipart(self, s3: Any, key: str, name: str, path: Path, size: int) -> BlobInfo:
+        part_size = max(self.part_size, -(-size // MAX_PARTS))
+        with self._translate("starting a multipart upload", key):
+            created = await s3.create_multipart_upload(Bucket=self.bucket, Key=name)
+        upload_id = created["UploadId"]
+        try:
+            with _local_errors(f"cannot read {path}"):
+                src: BinaryIO = await asyncio.to_thread(path.open, "rb")
+            try:
+                parts: list[dict[str, Any]] = []
+                total = 0
+                while True:
+                    with _local_errors(f"cannot read {path}"):
+                        chunk = await asyncio.to_thread(src.read, part_size)
+                    if not chunk:
+                        break
+                    number = len(parts) + 1
+                    with self._translate(f"uploading part {number}", key):
+                        resp = await s3.upload_part(
+                            Bucket=self.bucket,
+                            Key=name,
+                            UploadId=upload_id,
+                            PartNumber=number,
+                            Body=chunk,
+                        )
+                    parts.append({"ETag": resp["ETag"], "PartNumber": number})
+                    total += len(chunk)
+            finally:
+                src.close()
+            with self._translate("completing a multipart upload", key):
+                done = await s3.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=name,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+        except BaseException:
+            await self._abort(s3, key, name, upload_id)
+            raise
+        return BlobInfo(key=key, size=total, modified=_server_time(done))
+
+    async def _abort(self, s3: Any, key: str, name: str, upload_id: str) -> None:
+        # Best effort: the original failure is what the caller needs to see.
+        with contextlib.suppress(StoreError), self._translate("aborting an upload", key):
+            await s3.abort_multipart_upload(Bucket=self.bucket, Key=name, UploadId=upload_id)
+
+    @contextlib.contextmanager
+    def _translate(self, action: str, key: str | None) -> Iterator[None]:
+        what = f"{action} {key!r}" if key is not None else action
+        where = f"s3://{self.bucket}/{self.prefix}"
+        try:
+            yield
+        except ClientError as exc:
+            raise self._client_error(exc, what, key, where) from exc
+        except (BotoConnectionError, HTTPClientError, aiohttp.ClientError) as exc:
+            raise StoreUnavailable(
+                f"S3 endpoint {self.endpoint} unreachable while {what} in {where}: {exc}"
+            ) from exc
+        except (NoCredentialsError, PartialCredentialsError) as exc:
+            raise StoreError(
+                f"no usable S3 credentials while {what} in {where}: {exc}",
+                remedy="set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an AWS profile",
+            ) from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"S3 failed while {what} in {where}: {exc}") from exc
+
+    def _client_error(self, exc: Any, what: str, key: str | None, where: str) -> StoreError:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        message = str(error.get("Message", "")) or str(exc)
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code == "NoSuchBucket":
+            return StoreError(
+                f"S3 bucket {self.bucket!r} does not exist at {self.endpoint}",
+                remedy="create the bucket or fix RUNFLEET_BLOB_URL",
+            )
+        if code in _NOT_FOUND or (status == 404 and key is not None):
+            return BlobNotFound(f"no blob under key {key!r} in {where}")
+        if code in _TRANSIENT or (isinstance(status, int) and status >= 500):
+            return StoreUnavailable(
+                f"S3 at {self.endpoint} failed while {what} in {where}: {code}: {message}"
+            )
+        return StoreError(f"S3 refused {what} in {where}: {code or status}: {message}")
+
+
+@contextlib.contextmanager
+def _local_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise StoreError(f"{what}: {exc}") from exc
+
+
+def _utc(value: datetime) -> datetime:
+    return truncate_ms(value.astimezone(UTC))
+
+
+def _aware(resp: dict[str, Any]) -> datetime:
+    last: datetime | None = resp.get("LastModified")
+    return _utc(last) if last is not None else _server_time(resp)
+
+
+def _server_time(resp: dict[str, Any]) -> datetime:
+    """The server's clock (the `Date` header), so put and stat report the same clock."""
+    header = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if header:
+        with contextlib.suppress(TypeError, ValueError):
+            return _utc(parsedate_to_datetime(header))
+    return utcnow()
+
+
+def _open_temp_beside(dest: Path) -> tuple[BinaryIO, str]:
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=_TEMP_PREFIX)
+    except OSError as exc:
+        raise StoreError(f"cannot write {dest}: {exc}") from exc
+    return os.fdopen(fd, "wb"), tmp
+
+
+def _write(out: BinaryIO, chunk: bytes, dest: Path) -> None:
+    try:
+        out.write(chunk)
+    except OSError as exc:
+        raise StoreError(f"cannot write {dest}: {exc}") from exc
+
+
+def _commit_temp(out: BinaryIO, tmp: str, dest: Path) -> None:
+    try:
+        out.flush()
+        os.fsync(out.fileno())
+        out.close()
+        os.replace(tmp, dest)
+    except OSError as exc:
+        raise StoreError(f"cannot write {dest}: {exc}") from exc
+
+
+def _discard_temp(out: BinaryIO, tmp: str) -> None:
+    out.close()
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)

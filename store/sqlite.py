@@ -1,0 +1,494 @@
+"""`SqliteRunStore`: the embedded default (SPEC §9, ADR-0003).
+
+One file in WAL mode, shared by several processes (`runfleet up` runs N runner processes on it).
+Each store instance owns one connection used from one dedicated thread, and every operation is a
+whole transaction submitted to that thread in a single hop: the event loop never blocks on disk,
+and a compare-and-set is `BEGIN IMMEDIATE; SELECT; UPDATE; COMMIT` with no await in between, so
+it is atomic against other tasks *and* other processes (IMMEDIATE takes the write lock first).
+
+Documents are stored as JSON in storage form (instants as epoch ms); the columns beside `doc` are
+copies of the fields the queries filter on, rewritten with the document on every write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from store.cas import CasConflict, Condition, Update, apply_update, check_update, matches
+from store.codec import decode, encode
+from store.errors import (
+    RunAlreadyExists,
+    RunNotFound,
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+)
+from store.models import (
+    Event,
+    Interaction,
+    InteractionStatus,
+    RunDocument,
+    StagedUpload,
+)
+from store.protocols import RunPage, RunQuery
+from store.timeutil import to_ms, utcnow
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    status TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    failure_code TEXT,
+    lease_expires_ms INTEGER,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (status, run_id);
+CREATE INDEX IF NOT EXISTS runs_tenant ON runs (tenant, run_id);
+CREATE INDEX IF NOT EXISTS runs_lease ON runs (lease_expires_ms);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS interactions (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS interactions_run ON interactions (run_id);
+CREATE TABLE IF NOT EXISTS staged_uploads (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL
+);
+"""
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def _loads(text: str, what: str, ident: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StoreCorrupt(f"stored {what} {ident!r} is not valid JSON: {exc}") from exc
+
+
+def _run_columns(doc: dict[str, Any]) -> tuple[Any, ...]:
+    lease = doc.get("lease") or {}
+    return (
+        doc["tenant"],
+        doc["status"],
+        doc["origin"],
+        doc.get("failure_code"),
+        lease.get("expires_at"),
+        doc["created_at"],
+        doc["updated_at"],
+        _dumps(doc),
+    )
+
+
+class SqliteRunStore:
+    """The `RunStore` protocol on one SQLite file."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, executor: ThreadPoolExecutor):
+        self.path = path
+        self._conn = conn
+        self._executor = executor
+
+    @classmethod
+    async def open(cls, path: Path | str, *, busy_timeout_ms: int = 10_000) -> SqliteRunStore:
+        """Open (creating if needed) the store file. A file that is not a SQLite database is a
+        `StoreCorrupt` naming it; it is never overwritten."""
+        path = Path(path)
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sqlite-{path.name}")
+
+        def connect() -> sqlite3.Connection:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+            )
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.executescript(_SCHEMA)
+            except sqlite3.DatabaseError:
+                conn.close()
+                raise
+            return conn
+
+        loop = asyncio.get_running_loop()
+        try:
+            conn = await loop.run_in_executor(executor, connect)
+        except sqlite3.DatabaseError as exc:
+            executor.shutdown(wait=False)
+            raise _translate(exc, path) from exc
+        return cls(path, conn, executor)
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, self._conn)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def create_run(self, doc: RunDocument) -> RunDocument:
+        stored = encode(doc)
+
+        def insert(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute(
+                    "INSERT INTO runs (run_id, tenant, status, origin, failure_code,"
+                    " lease_expires_ms, created_ms, updated_ms, doc)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (doc.run_id, *_run_columns(stored)),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise RunAlreadyExists(f"run {doc.run_id!r} already exists") from exc
+
+        await self._call(insert)
+        return doc
+
+    async def get_run(self, run_id: str) -> RunDocument:
+        row = await self._call(
+            lambda c: c.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        )
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return decode(RunDocument, _loads(row[0], "run", run_id), what="run", ident=run_id)
+
+    async def update_run(
+        self, run_id: str, conditions: Sequence[Condition], update: Update
+    ) -> RunDocument | CasConflict:
+        check_update(conditions, update)
+
+        def cas(conn: sqlite3.Connection) -> tuple[bool, str | None]:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+                if row is None:
+                    conn.execute("ROLLBACK")
+                    return False, None
+                current = _loads(row[0], "run", run_id)
+                if not matches(current, conditions):
+                    conn.execute("ROLLBACK")
+                    return False, row[0]
+                new = apply_update(current, update, to_ms(utcnow()))
+                # Validate before writing: a write that would store an invalid run is refused.
+                decode(RunDocument, new, what="run update", ident=run_id)
+                conn.execute(
+                    "UPDATE runs SET tenant = ?, status = ?, origin = ?, failure_code = ?,"
+                    " lease_expires_ms = ?, created_ms = ?, updated_ms = ?, doc = ?"
+                    " WHERE run_id = ?",
+                    (*_run_columns(new), run_id),
+                )
+                conn.execute("COMMIT")
+                return True, _dumps(new)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        won, text = await self._call(cas)
+        if text is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        doc = decode(RunDocument, _loads(text, "run", run_id), what="run", ident=run_id)
+        return doc if won else CasConflict(doc)
+
+    async def list_runs(self, query: RunQuery) -> RunPage:
+        where: list[str] = []
+        args: list[Any] = []
+        if query.statuses:
+            where.append(f"status IN ({','.join('?' * len(query.statuses))})")
+            args.extend(str(s) for s in query.statuses)
+        if query.tenant is not None:
+            where.append("tenant = ?")
+            args.append(query.tenant)
+        if query.origin is not None:
+            where.append("origin = ?")
+            args.append(str(query.origin))
+        if query.failure_codes:
+            where.append(f"failure_code IN ({','.join('?' * len(query.failure_codes))})")
+            args.extend(query.failure_codes)
+        if query.lease_expires_before is not None:
+            where.append("lease_expires_ms IS NOT NULL AND lease_expires_ms < ?")
+            args.append(to_ms(query.lease_expires_before))
+        if query.created_since is not None:
+            where.append("created_ms >= ?")
+            args.append(to_ms(query.created_since))
+        if query.updated_before is not None:
+            where.append("updated_ms < ?")
+            args.append(to_ms(query.updated_before))
+        if query.after_run_id is not None:
+            where.append("run_id > ?")
+            args.append(query.after_run_id)
+        sql = "SELECT run_id, doc FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY run_id LIMIT ?"
+        args.append(query.limit)
+        rows = await self._call(lambda c: c.execute(sql, args).fetchall())
+        runs = [decode(RunDocument, _loads(d, "run", r), what="run", ident=r) for r, d in rows]
+        next_after = runs[-1].run_id if len(runs) == query.limit and runs else None
+        return RunPage(runs=runs, next_after=next_after)
+
+    async def delete_run(self, run_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            conn.execute("BEGIN IMMEDIATE")
+            cur = conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM interactions WHERE run_id = ?", (run_id,))
+            conn.execute("COMMIT")
+            return cur.rowcount > 0
+
+        return await self._call(delete)
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def append_event(
+        self,
+        run_id: str,
+        type: str,
+        data: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
+        execution: str | None = None,
+    ) -> Event:
+        at = utcnow()
+
+        def append(conn: sqlite3.Connection) -> Event:
+            # IMMEDIATE serialises appenders across processes, so max(seq)+1 cannot collide;
+            # the primary key would refuse a duplicate if it ever did.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                (last,) = conn.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                event = Event(
+                    run_id=run_id,
+                    seq=last + 1,
+                    type=type,
+                    attempt=attempt,
+                    execution=execution,
+                    at=at,
+                    data=data or {},
+                )
+                conn.execute(
+                    "INSERT INTO events (run_id, seq, doc) VALUES (?, ?, ?)",
+                    (run_id, event.seq, _dumps(encode(event))),
+                )
+                conn.execute("COMMIT")
+                return event
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        return await self._call(append)
+
+    async def read_events(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        rows = await self._call(
+            lambda c: c.execute(
+                "SELECT seq, doc FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (run_id, after_seq, limit),
+            ).fetchall()
+        )
+        return [
+            decode(Event, _loads(d, "event", f"{run_id}#{s}"), what="event", ident=f"{run_id}#{s}")
+            for s, d in rows
+        ]
+
+    # -- interactions -------------------------------------------------------------------------
+
+    async def put_interaction(self, interaction: Interaction) -> Interaction:
+        def put(conn: sqlite3.Connection) -> str:
+            conn.execute(
+                "INSERT OR IGNORE INTO interactions (id, run_id, status, doc) VALUES (?, ?, ?, ?)",
+                (
+                    interaction.id,
+                    interaction.run_id,
+                    str(interaction.status),
+                    _dumps(encode(interaction)),
+                ),
+            )
+            row = conn.execute(
+                "SELECT doc FROM interactions WHERE id = ?", (interaction.id,)
+            ).fetchone()
+            return str(row[0])
+
+        text = await self._call(put)
+        return self._interaction(text, interaction.id)
+
+    def _interaction(self, text: str, ident: str) -> Interaction:
+        return decode(
+            Interaction, _loads(text, "interaction", ident), what="interaction", ident=ident
+        )
+
+    async def answer_interaction(
+        self, interaction_id: str, answers: dict[str, Any], at: datetime
+    ) -> Interaction | None:
+        def answer(conn: sqlite3.Connection) -> str | None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute(
+                    "SELECT doc FROM interactions WHERE id = ? AND status = ?",
+                    (interaction_id, InteractionStatus.PENDING.value),
+                ).fetchone()
+                if row is None:
+                    conn.execute("ROLLBACK")
+                    return None
+                doc = _loads(row[0], "interaction", interaction_id)
+                doc.update(status="answered", answers=answers, answered_at=to_ms(at))
+                conn.execute(
+                    "UPDATE interactions SET status = 'answered', doc = ? WHERE id = ?",
+                    (_dumps(doc), interaction_id),
+                )
+                conn.execute("COMMIT")
+                return _dumps(doc)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        text = await self._call(answer)
+        return None if text is None else self._interaction(text, interaction_id)
+
+    async def retire_interactions(self, run_id: str) -> int:
+        def retire(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            rows = conn.execute(
+                "SELECT id, doc FROM interactions WHERE run_id = ? AND status = 'pending'",
+                (run_id,),
+            ).fetchall()
+            for ident, text in rows:
+                doc = _loads(text, "interaction", ident)
+                doc["status"] = "retired"
+                conn.execute(
+                    "UPDATE interactions SET status = 'retired', doc = ? WHERE id = ?",
+                    (_dumps(doc), ident),
+                )
+            conn.execute("COMMIT")
+            return len(rows)
+
+        return await self._call(retire)
+
+    async def list_interactions(
+        self, run_id: str, *, pending_only: bool = False
+    ) -> list[Interaction]:
+        sql = "SELECT id, doc FROM interactions WHERE run_id = ?"
+        if pending_only:
+            sql += " AND status = 'pending'"
+        rows = await self._call(lambda c: c.execute(sql + " ORDER BY id", (run_id,)).fetchall())
+        return [self._interaction(text, ident) for ident, text in rows]
+
+    # -- staged uploads -----------------------------------------------------------------------
+
+    async def put_staged_upload(self, record: StagedUpload) -> None:
+        def put(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute(
+                    "INSERT INTO staged_uploads (id, tenant, created_ms, doc) VALUES (?, ?, ?, ?)",
+                    (record.id, record.tenant, to_ms(record.created_at), _dumps(encode(record))),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(f"staged upload {record.id!r} already exists") from exc
+
+        await self._call(put)
+
+    async def get_staged_upload(self, upload_id: str, tenant: str) -> StagedUpload | None:
+        row = await self._call(
+            lambda c: c.execute(
+                "SELECT doc FROM staged_uploads WHERE id = ? AND tenant = ?", (upload_id, tenant)
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        raw = _loads(row[0], "staged upload", upload_id)
+        return decode(StagedUpload, raw, what="staged upload", ident=upload_id)
+
+    async def delete_staged_upload(self, upload_id: str, tenant: str) -> bool:
+        cur = await self._call(
+            lambda c: c.execute(
+                "DELETE FROM staged_uploads WHERE id = ? AND tenant = ?", (upload_id, tenant)
+            )
+        )
+        return cur.rowcount > 0
+
+    async def list_staged_uploads_before(
+        self, cutoff: datetime, limit: int = 100
+    ) -> list[StagedUpload]:
+        rows = await self._call(
+            lambda c: c.execute(
+                "SELECT id, doc FROM staged_uploads WHERE created_ms < ? ORDER BY created_ms"
+                " LIMIT ?",
+                (to_ms(cutoff), limit),
+            ).fetchall()
+        )
+        return [
+            decode(StagedUpload, _loads(d, "staged upload", i), what="staged upload", ident=i)
+            for i, d in rows
+        ]
+
+    # -- locks, health ------------------------------------------------------------------------
+
+    async def try_lock(self, name: str, owner: str, now: datetime, ttl_s: float) -> bool:
+        now_ms = to_ms(now)
+        expires = now_ms + int(ttl_s * 1000)
+
+        def lock(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "INSERT INTO locks (name, owner, expires_ms) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,"
+                " expires_ms = excluded.expires_ms"
+                " WHERE locks.owner = excluded.owner OR locks.expires_ms <= ?",
+                (name, owner, expires, now_ms),
+            )
+            return cur.rowcount > 0
+
+        return await self._call(lock)
+
+    async def ping(self) -> None:
+        await self._call(lambda c: c.execute("SELECT 1").fetchone())
+
+    async def close(self) -> None:
+        def close(conn: sqlite3.Connection) -> None:
+            conn.close()
+
+        try:
+            await self._call(close)
+        finally:
+            self._executor.shutdown(wait=True)
+
+
+def _translate(exc: sqlite3.Error, path: Path) -> StoreError:
+    """Classify by SQLite's result code (never by message text)."""
+    primary = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_CANTOPEN):
+        return StoreUnavailable(f"SQLite store {path}: {exc}")
+    if primary in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return StoreCorrupt(f"SQLite store {path} is corrupt: {exc}")
+    return StoreError(f"SQLite store {path}: {exc}")

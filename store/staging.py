@@ -1,0 +1,236 @@
+"""Staged uploads: files an operator gives a run before the run exists (SPEC §8).
+
+`stage` puts each file's bytes under `uploads/<id>/<filename>` in the blob store, then writes
+the record (`RunStore.put_staged_upload`); the id is 128 random bits. Every read is scoped by
+tenant: another tenant's upload is indistinguishable from a missing one.
+
+Order matters for crash safety. Bytes are written before the record and deleted before it, so a
+crash can leave a record whose bytes are (partly) gone, which `reap` and `discard` clean up, but
+never bytes that no record points at (except when `stage` itself dies between a put and its
+best-effort cleanup).
+
+`promote` copies the bytes to `runs/<run_id>/attachments/<name>` (checking each file's sha256 on
+the way) and then discards the upload; a failed promotion removes what it copied and leaves the
+upload in place, so the launch can be retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+import shutil
+import tempfile
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from store.blobkeys import validate_segment
+from store.errors import BlobKeyInvalid, BlobNotFound, RunfleetError, StoreCorrupt, StoreError
+from store.models import StagedFile, StagedUpload
+from store.protocols import BlobStore, RunStore
+from store.timeutil import utcnow
+
+log = logging.getLogger(__name__)
+
+_HASH_CHUNK = 1024 * 1024
+_REAP_BATCH = 100
+
+
+class StagedUploadNotFound(RunfleetError):
+    """No staged upload with that id for this tenant (never staged, discarded, promoted, reaped,
+    or staged by another tenant: the error does not say which)."""
+
+    code = "upload_not_found"
+    remedy = "stage the files again; a staged upload is used once and expires"
+
+
+class StagedUploadInvalid(RunfleetError):
+    """The files given to `stage` cannot be staged as named."""
+
+    code = "upload_invalid"
+    remedy = "give each attachment a simple name and files with distinct file names"
+
+
+class StagingStore:
+    """Staged uploads on a `RunStore` (records) and a `BlobStore` (bytes)."""
+
+    def __init__(self, runs: RunStore, blobs: BlobStore) -> None:
+        self._runs = runs
+        self._blobs = blobs
+
+    async def stage(self, tenant: str, files: Mapping[str, Path]) -> StagedUpload:
+        """Upload `files` (attachment name → local file) and record them for `tenant`."""
+        plan = _plan(tenant, files)
+        upload_id = secrets.token_hex(16)
+        written: list[str] = []
+        try:
+            staged: list[StagedFile] = []
+            for name, filename, path in plan:
+                key = f"uploads/{upload_id}/{filename}"
+                digest, size = await asyncio.to_thread(_sha256, path)
+                written.append(key)
+                info = await self._blobs.put_file(key, path)
+                if info.size != size:
+                    raise StagedUploadInvalid(f"{path} changed while it was being staged")
+                staged.append(
+                    StagedFile(name=name, filename=filename, bytes=size, sha256=digest, key=key)
+                )
+            record = StagedUpload(id=upload_id, tenant=tenant, files=staged, created_at=utcnow())
+            await self._runs.put_staged_upload(record)
+        except BaseException:
+            await self._delete_keys(written, why=f"staging {upload_id} failed")
+            raise
+        return record
+
+    async def open(self, upload_id: str, tenant: str, dest_dir: Path) -> dict[str, Path]:
+        """Download the upload's files into `dest_dir` (as their file names), each checked
+        against its recorded sha256. Returns attachment name → path."""
+        record = await self._record(upload_id, tenant)
+        dest_dir = Path(dest_dir)
+        opened: dict[str, Path] = {}
+        for staged in record.files:
+            dest = dest_dir / staged.filename
+            await self._fetch_checked(record.id, staged, dest)
+            opened[staged.name] = dest
+        return opened
+
+    async def discard(self, upload_id: str, tenant: str) -> bool:
+        """Delete the upload's bytes, then its record. False if `tenant` has no such upload."""
+        record = await self._runs.get_staged_upload(upload_id, tenant)
+        if record is None:
+            return False
+        await self._discard(record)
+        return True
+
+    async def reap(self, older_than: timedelta, now: datetime) -> int:
+        """Discard every upload (any tenant) created before `now - older_than`; returns how many.
+        An upload that cannot be discarded is logged and skipped, so one broken upload does not
+        stop the others."""
+        if now.tzinfo is None:
+            raise ValueError("reap needs a timezone-aware `now`")
+        cutoff = now - older_than
+        reaped = 0
+        seen: set[str] = set()
+        while True:
+            batch = await self._runs.list_staged_uploads_before(cutoff, limit=_REAP_BATCH)
+            fresh = [record for record in batch if record.id not in seen]
+            for record in fresh:
+                seen.add(record.id)
+                try:
+                    await self._discard(record)
+                except StoreError as exc:
+                    log.warning("cannot reap staged upload %s: %s", record.id, exc)
+                    continue
+                reaped += 1
+            if True:
+                return reaped
+
+    async def promote(self, upload_id: str, tenant: str, run_id: str) -> list[StagedFile]:
+        """Copy the upload's bytes to `runs/<run_id>/attachments/<name>` and discard the upload.
+        Returns the files with their new keys. On failure the copies are removed and the upload
+        is left as it was."""
+        try:
+            validate_segment(run_id, what="run id")
+        except BlobKeyInvalid as exc:
+            raise StagedUploadInvalid(exc.message) from exc
+        record = await self._record(upload_id, tenant)
+        promoted: list[StagedFile] = []
+        workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="runfleet-promote-"))
+        try:
+            for index, staged in enumerate(record.files):
+                local = workdir / str(index)
+                await self._fetch_checked(record.id, staged, local)
+                key = f"runs/{run_id}/attachments/{staged.name}"
+                promoted.append(staged.model_copy(update={"key": key}))
+                await self._blobs.put_file(key, local)
+                await asyncio.to_thread(local.unlink)
+        except BaseException:
+            await self._delete_keys(
+                [f.key for f in promoted], why=f"promoting {upload_id} to run {run_id} failed"
+            )
+            raise
+        finally:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+        try:
+            await self._discard(record)
+        except StoreError as exc:
+            # The run has its attachments; the leftover upload is reaped later.
+            log.warning("promoted staged upload %s but could not discard it: %s", upload_id, exc)
+        return promoted
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _record(self, upload_id: str, tenant: str) -> StagedUpload:
+        record = await self._runs.get_staged_upload(upload_id, tenant)
+        if record is None:
+            raise StagedUploadNotFound(f"no staged upload {upload_id!r} for tenant {tenant!r}")
+        return record
+
+    async def _discard(self, record: StagedUpload) -> None:
+        # Bytes first: a crash in between leaves a record without bytes (reaped later), never
+        # bytes without a record.
+        for staged in record.files:
+            await self._blobs.delete(staged.key)
+        await self._runs.delete_staged_upload(record.id, record.tenant)
+
+    async def _fetch_checked(self, upload_id: str, staged: StagedFile, dest: Path) -> None:
+        key = staged.key
+        try:
+            await self._blobs.get_to_file(key, dest)
+        except BlobNotFound as exc:
+            raise StagedUploadNotFound(
+                f"staged upload {upload_id!r} has lost the bytes of {staged.name!r}"
+            ) from exc
+        digest, size = await asyncio.to_thread(_sha256, dest)
+        if digest != staged.sha256 or size != staged.bytes:
+            raise StoreCorrupt(
+                f"staged upload {upload_id!r}: {staged.name!r} ({key}) has sha256 {digest} and "
+                f"{size} bytes, the record says {staged.sha256} and {staged.bytes}"
+            )
+
+    async def _delete_keys(self, keys: list[str], *, why: str) -> None:
+        """Best effort: the failure that brought us here is what the caller must see."""
+        for key in keys:
+            with contextlib.suppress(StoreError):
+                await self._blobs.delete(key)
+        if keys:
+            log.debug("%s; removed %d blob(s)", why, len(keys))
+
+
+def _plan(tenant: str, files: Mapping[str, Path]) -> list[tuple[str, str, Path]]:
+    """Validate names before any byte moves: (name, filename, path) per file."""
+    if not tenant:
+        raise StagedUploadInvalid("a staged upload needs a tenant")
+    plan: list[tuple[str, str, Path]] = []
+    filenames: dict[str, str] = {}
+    for name, raw in files.items():
+        path = Path(raw)
+        try:
+            validate_segment(name, what="attachment name")
+            validate_segment(path.name, what="file name")
+        except BlobKeyInvalid as exc:
+            raise StagedUploadInvalid(exc.message) from exc
+        if path.name in filenames:
+            raise StagedUploadInvalid(
+                f"attachments {filenames[path.name]!r} and {name!r} have the same file name "
+                f"{path.name!r}"
+            )
+        filenames[path.name] = name
+        plan.append((name, path.name, path))
+    return plan
+
+
+def _sha256(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with path.open("rb") as src:
+            while chunk := src.read(_HASH_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc}") from exc
+    return digest.hexdigest(), size
