@@ -38,8 +38,11 @@ from store.status import OPERATOR_RESUMABLE
 
 @dataclass(frozen=True)
 class ResumeRequest:
+    """A resume as asked. `answers` are typed JSON (`--answers-file`, the queue);
+    `cli_answers` are `--answer k=v` strings, parsed to each question's type, and win."""
+
     answers: dict[str, Any] = field(default_factory=dict)
-    answers_from_cli: bool = True
+    cli_answers: dict[str, str] = field(default_factory=dict)
     answers_base_dir: Path | None = None
     force: bool = False
     accept_scratch_loss: bool = False
@@ -68,16 +71,11 @@ def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
     if run.status is RunStatus.PAUSED_WAITING_HUMAN and pending is not None:
         workflow = load_workflow(run.workflow.source, f"run {run.run_id}").workflow
         node = workflow.nodes.get(str(pending.get("node")))
-        if not request.answers:
+        if not request.answers and not request.cli_answers:
             names = [q.name for q in node.questions] if isinstance(node, HumanNode) else []
             raise AnswersRequired(names)
         if isinstance(node, HumanNode):
-            answers = coerce_answers(
-                node.questions,
-                request.answers,
-                from_cli=request.answers_from_cli,
-                base_dir=request.answers_base_dir,
-            )
+            answers = _coerce_mixed(node, request)
     scratch_why = scratch_problem(run)
     source_changed = (
         request.new_source is not None
@@ -111,6 +109,19 @@ def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
         workflow=new_ref,
         published_at=utcnow(),
     )
+
+
+def _coerce_mixed(node: HumanNode, request: ResumeRequest) -> dict[str, Any]:
+    """Parse the CLI strings first (every question optional for that pass), then check the
+    merged answers strictly against the real schema."""
+    merged = dict(request.answers)
+    if request.cli_answers:
+        optional = [q.model_copy(update={"required": False}) for q in node.questions]
+        parsed = coerce_answers(
+            optional, request.cli_answers, from_cli=True, base_dir=request.answers_base_dir
+        )
+        merged.update({k: v for k, v in parsed.items() if k in request.cli_answers})
+    return coerce_answers(node.questions, merged, from_cli=False, base_dir=request.answers_base_dir)
 
 
 def claim_effects(run: RunDocument, spec: ResumeSpec) -> dict[str, Any]:

@@ -1,0 +1,136 @@
+"""Rewind (SPEC §6.7): move a run's checkpoint *backwards* to node X, then park it
+`paused_operator`; only an explicit resume continues it.
+
+Dropped: X and every node forward-reachable from X that cannot reach X back. A node that can
+reach X back is in a loop with X: it is kept, because the loop body re-reads it on the way round.
+Budget accounting and loop counters stay (SPEC §13.7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from engine.loader import LoadedWorkflow, load_workflow
+from engine.refusals import RewindRefused, RunBusy
+from engine.workflow import Workflow
+from store import (
+    CasConflict,
+    Checkpoint,
+    Eq,
+    LeaseFree,
+    RunDocument,
+    RunStatus,
+    RunStore,
+    Update,
+    lease_is_free,
+    utcnow,
+)
+
+REWINDABLE = frozenset(
+    {
+        RunStatus.FAILED,
+        RunStatus.FAILED_RESUMABLE,
+        RunStatus.CANCELLED,
+        RunStatus.PAUSED_OPERATOR,
+        RunStatus.PAUSED_WAITING_HUMAN,
+        RunStatus.QUEUED,
+    }
+)
+
+
+def reachable(workflow: Workflow, start: str) -> set[str]:
+    """Every node reachable from `start` by one or more edges."""
+    seen: set[str] = set()
+    stack = list(workflow.successors(start))
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(workflow.successors(node))
+    return seen
+
+
+def dropped_by_rewind(workflow: Workflow, node: str) -> set[str]:
+    forward = reachable(workflow, node)
+    return {node} | {n for n in forward if node not in reachable(workflow, n)}
+
+
+@dataclass(frozen=True, slots=True)
+class RewindResult:
+    run: RunDocument
+    dropped: list[str]
+
+
+async def rewind(
+    store: RunStore,
+    run_id: str,
+    node: str,
+    *,
+    new_source: LoadedWorkflow | None = None,
+    skew_s: float = 2.0,
+) -> RewindResult:
+    run = await store.get_run(run_id)
+    if run.status not in REWINDABLE:
+        raise RewindRefused(f"run {run_id} is {run.status}: it cannot be rewound")
+    now = utcnow()
+    skew = timedelta(seconds=skew_s)
+    if not lease_is_free(run, now, skew):
+        raise RunBusy(run_id)
+    if run.checkpoint is None:
+        raise RewindRefused(f"run {run_id} has no checkpoint to rewind")
+    loaded = new_source or load_workflow(run.workflow.source, f"run {run_id}")
+    workflow = loaded.workflow
+    if node not in workflow.nodes:
+        raise RewindRefused(f"run {run_id}: no node {node!r} in the workflow")
+    cp = run.checkpoint
+    reached = set(cp.completed) | set(cp.outputs) | {cp.restart_node}
+    if node not in reached:
+        raise RewindRefused(f"run {run_id} never reached node {node!r}")
+    dropped = sorted(n for n in dropped_by_rewind(workflow, node) if n in reached)
+    new_cp = Checkpoint.model_validate(cp.model_dump())
+    for n in dropped:
+        new_cp.outputs.pop(n, None)
+        new_cp.node_retries.pop(n, None)
+    new_cp.completed = [n for n in new_cp.completed if n not in dropped]
+    new_cp.restart_node = node
+    new_cp.pending_interaction = None
+    fields: dict[str, object] = {
+        "status": RunStatus.PAUSED_OPERATOR,
+        "checkpoint": new_cp.model_dump(),
+        "failure_code": None,
+        "error": None,
+        "cause_code": None,
+    }
+    source_changed = new_source is not None and new_source.source_hash != run.workflow.source_hash
+    if source_changed and new_source is not None:
+        fields["workflow"] = {
+            "name": workflow.name,
+            "source": new_source.source,
+            "source_hash": new_source.source_hash,
+        }
+    discarded = run.status is RunStatus.QUEUED
+    result = await store.update_run(
+        run_id,
+        [Eq("version", run.version), Eq("status", run.status), LeaseFree(now, skew)],
+        Update(set=fields, unset=["resume_spec"] if discarded else []),
+    )
+    if isinstance(result, CasConflict):
+        current = result.current
+        if current is not None and not lease_is_free(current, utcnow(), skew):
+            raise RunBusy(run_id)
+        raise RewindRefused(f"run {run_id} changed while rewinding; look at it and retry")
+    await store.retire_interactions(run_id)
+    await store.append_event(
+        run_id,
+        "run_rewound",
+        {
+            "from_node": cp.restart_node,
+            "to_node": node,
+            "dropped_nodes": dropped,
+            "source_changed": source_changed,
+            "discarded_attempt": run.attempt if discarded else None,
+        },
+        attempt=result.attempt,
+    )
+    return RewindResult(result, dropped)

@@ -1,0 +1,46 @@
+"""Exit codes and error output of SPEC §10: 0 ok, 2 usage, 3 refused, 4 infrastructure
+unreachable, 1 anything else. Errors print the code, the cause and the remedy; with `--json`
+they print `{"error": {"code", "message", "remedy", "also_needs_force"?}}` on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import NoReturn
+
+import click
+
+from engine.errors import WorkflowInvalid
+from store import Refusal, RunfleetError, StoreUnavailable
+
+EXIT_OK = 0
+EXIT_OTHER = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_UNREACHABLE = 4
+
+_UNREACHABLE: tuple[type[RunfleetError], ...] = (StoreUnavailable,)
+
+
+def register_unreachable(kind: type[RunfleetError]) -> None:
+    """Let another package (the publisher's NATS errors) map to exit code 4."""
+    global _UNREACHABLE
+    _UNREACHABLE = (*_UNREACHABLE, kind)
+
+
+def exit_code_for(exc: RunfleetError) -> int:
+    if isinstance(exc, Refusal | WorkflowInvalid):
+        return EXIT_REFUSED
+    if isinstance(exc, _UNREACHABLE):
+        return EXIT_UNREACHABLE
+    return EXIT_OTHER
+
+
+def fail(exc: RunfleetError, *, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"error": exc.to_dict()}))
+    else:
+        click.echo(f"error [{exc.code}]: {exc.message}", err=True)
+        if exc.remedy:
+            click.echo(f"  remedy: {exc.remedy}", err=True)
+    sys.exit(exit_code_for(exc))
