@@ -41,6 +41,7 @@ from store import (
     Lease,
     LeaseFree,
     Origin,
+    ResumeSpec,
     RunDocument,
     RunStatus,
     RunStore,
@@ -107,12 +108,18 @@ async def run_local(
 
 
 async def claim_local(env: LocalEnv, run: RunDocument, request: ResumeRequest) -> RunDocument:
-    """Judge the resume, then resume and claim in one CAS (version read ∧ lease free)."""
-    spec = judge_resume(run, request)
+    """Judge the resume, then resume and claim in one CAS (version read ∧ lease free).
+
+    A `running` run whose lease is free lost its execution (a crash): it is adopted from its
+    checkpoint, with nothing to re-ask or refuse."""
     timing = env.settings.lease_timing()
     now = utcnow()
     if not lease_is_free(run, now, timing.skew):
         raise RunBusy(run.run_id)
+    if run.status is RunStatus.RUNNING:
+        spec = ResumeSpec(attempt=run.attempt + 1, prior_status=run.status, published_at=now)
+    else:
+        spec = judge_resume(run, request)
     token = uuid.uuid4().hex
     attempt = run.attempt + 1
     fields: dict[str, Any] = {

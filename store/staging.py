@@ -125,7 +125,7 @@ class StagingStore:
                     log.warning("cannot reap staged upload %s: %s", record.id, exc)
                     continue
                 reaped += 1
-            if True:
+            if not fresh or len(batch) < _REAP_BATCH:
                 return reaped
 
     async def promote(self, upload_id: str, tenant: str, run_id: str) -> list[StagedFile]:
