@@ -10,6 +10,7 @@ from pathlib import Path
 from engine.config import EngineSettings
 from engine.sandbox.local import LocalSandboxDriver
 from engine.sandbox.protocols import SandboxDriver
+from publisher import DlqStore, Publisher, WireNames, WireSettings, connect
 from store import BlobStore, RunfleetError, RunStore
 from store.blob_url import open_blob_store
 from store.config import StoreSettings
@@ -31,6 +32,24 @@ class Env:
     @property
     def data_dir(self) -> Path:
         return self.settings.data.resolve()
+
+    @contextlib.asynccontextmanager
+    async def publisher(self) -> AsyncIterator[Publisher]:
+        """A connected publisher (NATS errors become `NatsUnavailable`, exit code 4)."""
+        wire = WireSettings(data=self.settings.data)
+        nc, js = await connect(wire, name="runfleet-cli")
+        try:
+            names = WireNames(wire.namespace)
+            yield Publisher(
+                store=self.store,
+                nc=nc,
+                js=js,
+                settings=wire,
+                names=names,
+                dlq=DlqStore(js, names, self.blobs),
+            )
+        finally:
+            await nc.close()
 
     def driver(self) -> SandboxDriver:
         if self.engine.sandbox != "local":

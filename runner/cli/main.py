@@ -16,14 +16,17 @@ from engine.loader import load_workflow_file
 from engine.local import LocalEnv, resume_local, run_local
 from engine.resume import ResumeRequest
 from engine.rewind import rewind
+from publisher import NatsUnavailable, WireNames, WireSettings, connect, ensure_streams
 from runner.cli.context import open_env
-from runner.cli.errors import EXIT_OTHER, fail
+from runner.cli.errors import EXIT_OTHER, fail, register_unreachable
 from runner.cli.views import echo_json, echo_run, event_line, run_view
 from store import Budget, Event, RunfleetError, RunQuery, RunStatus
 from store.timeutil import parse_duration
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+register_unreachable(NatsUnavailable)
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document")
 
@@ -181,9 +184,14 @@ async def resume_cmd(
         budget=budget_overrides(max_duration, max_cost_usd, max_iterations),
         new_source=load_workflow_file(file) if file is not None else None,
     )
-    if not local:
-        raise click.UsageError("resume through the queue needs the fleet; use --local here")
     async with open_env() as env:
+        if not local:
+            if auto_resume:
+                raise click.UsageError("--auto-resume goes with --local")
+            async with env.publisher() as publisher:
+                doc = await publisher.resume(run_id, request, tenant=env.settings.tenant)
+            echo_json(run_view(doc)) if as_json else echo_run(doc)
+            return
         local_env = LocalEnv(
             env.store,
             env.driver(),
@@ -194,6 +202,55 @@ async def resume_cmd(
         )
         doc = await resume_local(local_env, run_id, request, auto_resume=auto_resume)
     echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+@cli.command("launch")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--var", "vars_", multiple=True, metavar="K=V", help="set a workflow var")
+@json_option
+@command
+async def launch_cmd(file: Path, vars_: tuple[str, ...], as_json: bool) -> None:
+    """Queue a new run of FILE for the fleet."""
+    loaded = load_workflow_file(file)
+    async with open_env() as env, env.publisher() as publisher:
+        doc = await publisher.launch(
+            loaded, parse_pairs(vars_, "--var"), tenant=env.settings.tenant
+        )
+    echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+@cli.command("cancel")
+@click.argument("run_id")
+@json_option
+@command
+async def cancel_cmd(run_id: str, as_json: bool) -> None:
+    """Cancel a run (a running one is asked to stop, and checkpoints first)."""
+    async with open_env() as env, env.publisher() as publisher:
+        doc = await publisher.cancel(run_id, tenant=env.settings.tenant)
+    echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+@cli.group("streams")
+def streams_group() -> None:
+    """JetStream streams and consumers."""
+
+
+@streams_group.command("ensure")
+@json_option
+@command
+async def streams_ensure_cmd(as_json: bool) -> None:
+    """Create or update the streams and consumers of the wire contract (idempotent)."""
+    wire = WireSettings()
+    nc, js = await connect(wire, name="runfleet-streams")
+    try:
+        report = await ensure_streams(js, WireNames(wire.namespace), wire)
+    finally:
+        await nc.close()
+    if as_json:
+        echo_json({"created": report.created, "updated": report.updated})
+    else:
+        click.echo(f"created: {', '.join(report.created) or '-'}")
+        click.echo(f"updated: {', '.join(report.updated) or '-'}")
 
 
 @cli.command("status")

@@ -1,0 +1,131 @@
+"""Answers to a human node's questions, coerced against its schema (SPEC §6.4).
+
+Two sources with two rules. Strings from `--answer k=v` (`from_cli=True`) are parsed to the
+question's type. Typed JSON (`--answers-file`, the queue) is checked strictly: a JSON `"yes"` is
+not a bool and `1` is not a string; an int is a fine `number`. Either way, an answer naming no
+question, a missing required answer, and a value of the wrong type are refused with
+`AnswersInvalid` naming the field and the expected type; no answers at all while some are
+required is `AnswersRequired`.
+
+The result has every question's name: an optional question left unanswered is `None`, so a
+`when` can test `answers.note` without tripping over a missing field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.errors import AnswersInvalid, AnswersRequired
+from engine.workflow import Question, value_fits
+
+_TRUE = frozenset({"true", "yes", "1"})
+_FALSE = frozenset({"false", "no", "0"})
+_INT = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+_EXPECTED = {
+    "string": "a string",
+    "bool": "a bool (true/false/yes/no/1/0)",
+    "int": "an int",
+    "number": "a number",
+    "file": "a file (@path)",
+}
+
+
+def coerce_answers(
+    questions: Sequence[Question],
+    raw: Mapping[str, Any],
+    *,
+    from_cli: bool,
+    base_dir: Path | None,
+) -> dict[str, Any]:
+    """Validate `raw` against `questions`; return the typed answers, one per question.
+
+    `base_dir` anchors relative `@path`s (the operator's working directory); `None` means the
+    process's current directory. A `file` answer becomes `{"path", "bytes", "sha256"}` of a
+    file that exists when the answer is given.
+    """
+    by_name = {q.name: q for q in questions}
+    for name in raw:
+        if name not in by_name:
+            expected = ", ".join(by_name) or "none"
+            raise AnswersInvalid(name, f"no such question (questions: {expected})")
+    missing = [q.name for q in questions if q.required and q.name not in raw]
+    if missing and not raw:
+        raise AnswersRequired(missing)
+    if missing:
+        raise AnswersInvalid(missing[0], f"is required ({_EXPECTED[by_name[missing[0]].type]})")
+    out: dict[str, Any] = {}
+    for q in questions:
+        if q.name not in raw or (raw[q.name] is None and not q.required):
+            out[q.name] = None
+            continue
+        out[q.name] = _coerce(q, raw[q.name], from_cli=from_cli, base_dir=base_dir)
+    return out
+
+
+def _coerce(q: Question, value: Any, *, from_cli: bool, base_dir: Path | None) -> Any:
+    if q.type == "file":
+        return _file(q, value, base_dir)
+    if from_cli:
+        if not isinstance(value, str):
+            raise _wrong(q, value)
+        return _parse(q, value)
+    if not value_fits(q.type, value):
+        raise _wrong(q, value)
+    return value
+
+
+def _parse(q: Question, text: str) -> Any:
+    stripped = text.strip()
+    if q.type == "string":
+        return text
+    if q.type == "bool":
+        lowered = stripped.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+    elif q.type == "int":
+        if _INT.fullmatch(stripped):
+            return int(stripped)
+    elif q.type == "number":
+        if _INT.fullmatch(stripped):
+            return int(stripped)
+        if _NUMBER.fullmatch(stripped) and math.isfinite(float(stripped)):
+            return float(stripped)
+    raise _wrong(q, text)
+
+
+def _file(q: Question, value: Any, base_dir: Path | None) -> dict[str, Any]:
+    if isinstance(value, Mapping) and isinstance(value.get("path"), str):
+        value = value["path"]
+    if not isinstance(value, str) or not value.strip():
+        raise _wrong(q, value)
+    text = value.strip()
+    path = Path(text[1:] if text.startswith("@") else text).expanduser()
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    path = path.resolve()
+    if not path.is_file():
+        raise AnswersInvalid(q.name, f"expected {_EXPECTED['file']}: no file at {path}")
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise AnswersInvalid(q.name, f"cannot read {path}: {exc.strerror or exc}") from exc
+    return {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}
+
+
+def _wrong(q: Question, value: Any) -> AnswersInvalid:
+    return AnswersInvalid(
+        q.name, f"expected {_EXPECTED[q.type]}, got {type(value).__name__} {value!r}"
+    )

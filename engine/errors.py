@@ -1,0 +1,125 @@
+"""The engine's errors, in the one tree rooted at `store.errors.RunfleetError`.
+
+    RunfleetError
+    ├── WorkflowInvalid        a workflow file does not load (file, field, line)
+    ├── ExpressionError        a `when` / `set` expression failed (`EXPRESSION_FAILED`)
+    ├── TemplateError          a `{{ }}` template failed to compile or render
+    └── Refusal
+        ├── AnswersRequired    a paused run resumed without answers
+        └── AnswersInvalid     an answer does not fit its question (the field named)
+
+Errors that end a node carry `failure_code`, the row of the failure table they map to, so the
+executor never decides a failure's class from its message. The exceptions a `call` node's
+callable raises (`Transient`, `Permanent`, `AmbiguousEffect`) live in `engine.call_errors` and
+are re-exported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from engine.call_errors import AmbiguousEffect, CallError, Permanent, Transient
+from engine.failures import FailureCode
+from store.errors import Refusal, RunfleetError
+
+__all__ = [
+    "AmbiguousEffect",
+    "AnswersInvalid",
+    "AnswersRequired",
+    "CallError",
+    "ExpressionError",
+    "Permanent",
+    "Problem",
+    "TemplateError",
+    "Transient",
+    "WorkflowInvalid",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One load error: where it is and what is wrong."""
+
+    field: str
+    line: int
+    message: str
+
+
+class WorkflowInvalid(RunfleetError):
+    """A workflow file that does not load. `str()` reads `file:line: field: message`.
+
+    When several problems were found, the first (by line) is the message and all of them are
+    in `problems`, so a CLI can list every one in a single pass.
+    """
+
+    code = "workflow_invalid"
+    remedy = "fix the workflow file at the line shown and load it again"
+    failure_code: ClassVar[FailureCode] = FailureCode.WORKFLOW_INVALID
+
+    def __init__(
+        self,
+        file: str,
+        field: str,
+        line: int,
+        message: str,
+        *,
+        problems: Sequence[Problem] = (),
+    ) -> None:
+        self.file = file
+        self.field = field
+        self.line = line
+        self.detail = message
+        self.problems: tuple[Problem, ...] = tuple(problems) or (Problem(field, line, message),)
+        where = f"{field}: " if field else ""
+        super().__init__(f"{file}:{line}: {where}{message}")
+
+
+class ExpressionError(RunfleetError):
+    """An expression that does not parse, refers to what is not there, or raised."""
+
+    code = "expression_failed"
+    failure_code: ClassVar[FailureCode] = FailureCode.EXPRESSION_FAILED
+
+    def __init__(self, expression: str, message: str) -> None:
+        self.expression = expression
+        self.detail = message
+        super().__init__(f"expression {expression!r}: {message}")
+
+
+class TemplateError(RunfleetError):
+    """A template that does not compile or render; names the template text."""
+
+    code = "template_failed"
+    failure_code: ClassVar[FailureCode] = FailureCode.EXPRESSION_FAILED
+
+    def __init__(self, template: str, message: str, *, lineno: int | None = None) -> None:
+        self.template = template
+        self.detail = message
+        self.lineno = lineno
+        shown = template if len(template) <= 200 else template[:197] + "..."
+        super().__init__(f"template {shown!r}: {message}")
+
+
+class AnswersRequired(Refusal):
+    """A run paused on a question was resumed without answers."""
+
+    code = "answers_required"
+    remedy = "pass the answers with --answer NAME=VALUE or --answers-file FILE"
+
+    def __init__(self, missing: Sequence[str]) -> None:
+        self.missing = tuple(missing)
+        super().__init__("answers required: " + ", ".join(self.missing))
+
+
+class AnswersInvalid(Refusal):
+    """An answer that does not fit its question's schema; `field` names the question."""
+
+    code = "answers_invalid"
+    remedy = "correct the named answer and resume again"
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.detail = message
+        super().__init__(f"answer {field!r}: {message}")

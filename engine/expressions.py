@@ -1,0 +1,224 @@
+"""Safe expressions for `when` and `set` (SPEC §6.1), over simpleeval (ADR-0005).
+
+An expression reads a context of plain data: `vars`, `outputs`, `answers`, `loop`, `budget`
+(the run's effective caps) and `usage` (its accounting). Attribute access on a mapping is a key
+lookup, so `outputs.build.ok` reads `context["outputs"]["build"]["ok"]`; a missing key is an
+error naming the path, not a silent `None` (a misspelt field in a `when` would otherwise route
+the run).
+
+What keeps it safe, in layers:
+- never `eval`/`exec`: simpleeval walks the AST and has a handler per allowed node type;
+- only the functions in `FUNCTIONS` can be called, plus a few read-only `str` methods;
+- no attribute starting with `_` (so no `__class__`, `__globals__`), and attributes on anything
+  but a mapping or a string are refused: there are no objects in the context to reach into;
+- simpleeval's limits bound `**`, string repetition and comprehension sizes.
+
+`compile_check` runs the same rules statically at load, so a typo in a `when` is a load error
+with a line instead of an `EXPRESSION_FAILED` an hour into a run.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from simpleeval import EvalWithCompoundTypes, FeatureNotAvailable, InvalidExpression
+
+from engine.errors import ExpressionError
+
+CONTEXT_ROOTS: frozenset[str] = frozenset({"vars", "outputs", "answers", "loop", "budget", "usage"})
+"""The names an expression may start from; the executor provides each (empty when unset).
+
+`budget` is the run's effective caps (`max_duration`, `max_iterations`, `max_cost_usd`, `None`
+when uncapped) and `usage` its accounting (`elapsed`, `iterations`, `cost_usd`).
+"""
+
+FUNCTIONS: Mapping[str, Callable[..., Any]] = types.MappingProxyType(
+    {
+        "len": len,
+        "int": int,
+        "float": float,
+        "str": str,
+        "bool": bool,
+        "min": min,
+        "max": max,
+        "abs": abs,
+        "round": round,
+    }
+)
+
+_STR_METHODS: frozenset[str] = frozenset(
+    {"lower", "upper", "strip", "lstrip", "rstrip", "startswith", "endswith", "split"}
+)
+"""Read-only string methods whose output is bounded by their input (no `format`, no `join`)."""
+
+_ALLOWED_NODES: tuple[type[ast.AST], ...] = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.IfExp,
+    ast.Compare,
+    ast.Call,
+    ast.keyword,
+    ast.Constant,
+    ast.Name,
+    ast.Attribute,
+    ast.Subscript,
+    ast.Slice,
+    ast.List,
+    ast.Tuple,
+    ast.Dict,
+    ast.Set,
+    ast.ListComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.comprehension,
+    ast.JoinedStr,
+    ast.FormattedValue,
+    ast.Load,
+    ast.Store,
+    ast.And,
+    ast.Or,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Pow,
+    ast.LShift,
+    ast.RShift,
+    ast.BitOr,
+    ast.BitXor,
+    ast.BitAnd,
+    ast.Invert,
+    ast.Not,
+    ast.UAdd,
+    ast.USub,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.Is,
+    ast.IsNot,
+    ast.In,
+    ast.NotIn,
+)
+
+
+@lru_cache(maxsize=1024)
+def _parse(expr: str) -> ast.Expression:
+    # mode="eval" refuses statements outright: no assignment, import or second expression.
+    return ast.parse(expr.strip(), mode="eval")
+
+
+def compile_check(expr: str, *, roots: frozenset[str] = CONTEXT_ROOTS) -> None:
+    """Refuse at load what `evaluate` would refuse for any context.
+
+    Checks the syntax, the node types, the names (a context root, a comprehension variable),
+    the calls (an allowed function or string method) and underscore attributes.
+    """
+    if not expr.strip():
+        raise ExpressionError(expr, "empty expression")
+    try:
+        tree = _parse(expr)
+    except SyntaxError as exc:
+        raise ExpressionError(expr, f"syntax error: {exc.msg}") from exc
+    nodes = list(ast.walk(tree))
+    bound = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    callees = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
+    for node in nodes:
+        if not isinstance(node, _ALLOWED_NODES):
+            raise ExpressionError(expr, f"{type(node).__name__} is not allowed in expressions")
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            raise ExpressionError(expr, f"attribute {node.attr!r} is not allowed")
+        if isinstance(node, ast.Call):
+            _check_call(expr, node)
+        if (
+            isinstance(node, ast.Name)
+            and isinstance(node.ctx, ast.Load)
+            and id(node) not in callees  # a called name is checked by _check_call
+            and node.id not in roots
+            and node.id not in bound
+        ):
+            known = ", ".join(sorted(roots))
+            raise ExpressionError(expr, f"unknown name {node.id!r} (expressions see {known})")
+
+
+def _check_call(expr: str, node: ast.Call) -> None:
+    func = node.func
+    if isinstance(func, ast.Name):
+        if func.id not in FUNCTIONS:
+            allowed = ", ".join(FUNCTIONS)
+            raise ExpressionError(expr, f"function {func.id!r} is not allowed (only {allowed})")
+    elif isinstance(func, ast.Attribute):
+        if func.attr not in _STR_METHODS:
+            raise ExpressionError(expr, f"method {func.attr!r} is not allowed")
+    else:
+        raise ExpressionError(expr, "only named functions can be called")
+
+
+class _MissingField(InvalidExpression):  # type: ignore[misc]
+    pass
+
+
+class _Evaluator(EvalWithCompoundTypes):  # type: ignore[misc]
+    """simpleeval with mapping-only attribute access and a fixed function list."""
+
+    def __init__(self, names: dict[str, Any]) -> None:
+        super().__init__(functions=dict(FUNCTIONS), names=names)
+        # The base class adds list/tuple/dict/set constructors; the contract is FUNCTIONS only.
+        self.functions = dict(FUNCTIONS)
+
+    def _check_disallowed_items(self, item: Any) -> None:
+        # The base walks every container it returns, which is O(size of `outputs`) per name
+        # read. The context is plain data from a checkpoint; only a module could be harmful,
+        # and nothing in the context or FUNCTIONS yields one.
+        if isinstance(item, types.ModuleType):
+            raise FeatureNotAvailable("modules are not allowed")
+
+    def _eval_attribute(self, node: ast.Attribute) -> Any:
+        if node.attr.startswith("_"):
+            raise FeatureNotAvailable(f"attribute {node.attr!r} is not allowed")
+        base = self._eval(node.value)
+        if isinstance(base, Mapping):
+            try:
+                return base[node.attr]
+            except KeyError:
+                raise _MissingField(
+                    f"{ast.unparse(node.value)} has no field {node.attr!r}"
+                ) from None
+        if isinstance(base, str) and node.attr in _STR_METHODS:
+            return getattr(base, node.attr)
+        raise FeatureNotAvailable(
+            f"{ast.unparse(node.value)} is not a mapping ({type(base).__name__}):"
+            f" it has no field {node.attr!r}"
+        )
+
+
+def evaluate(expr: str, context: Mapping[str, Any]) -> Any:
+    """The value of `expr` over `context`; any failure is an `ExpressionError` naming `expr`."""
+    try:
+        tree = _parse(expr)
+    except SyntaxError as exc:
+        raise ExpressionError(expr, f"syntax error: {exc.msg}") from exc
+    evaluator = _Evaluator(dict(context))
+    try:
+        return evaluator.eval(expr, previously_parsed=tree.body)
+    except InvalidExpression as exc:
+        raise ExpressionError(expr, str(exc)) from exc
+    except Exception as exc:
+        # Anything the expression itself raised (ZeroDivisionError, TypeError, KeyError on a
+        # subscript, ...): the expression failed, never the engine.
+        raise ExpressionError(expr, f"{type(exc).__name__}: {exc}") from exc
+
+
+def evaluate_condition(expr: str, context: Mapping[str, Any]) -> bool:
+    """An edge's `when`: the truth of `evaluate(expr, context)`."""
+    return bool(evaluate(expr, context))

@@ -1,0 +1,130 @@
+"""Dead-letter records (SPEC §3): one message per dead work-stream sequence on
+`runfleet.dlq.<seq>` in the DLQ stream, whose `max_msgs_per_subject` of 1 makes recording twice
+harmless. Bodies over 256 KiB go to the blob store at `dlq/<seq>.bin`. Nothing a runner cannot
+decode is dropped: the raw bytes are kept (base64)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel, ConfigDict, Field
+
+from publisher.errors import RecordNotFound
+from publisher.wire import WireNames
+from store import BlobStore, UtcDatetime, utcnow
+
+INLINE_BODY_MAX = 256 * 1024
+
+
+class DlqRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: int = Field(ge=1, description="the work-stream sequence of the dead message")
+    headers: dict[str, str] = Field(default_factory=dict)
+    body_b64: str | None = None
+    body_key: str | None = None
+    body_bytes: int = 0
+    run_id: str | None = None
+    attempt: int | None = None
+    reason: str
+    detail: str = ""
+    num_delivered: int = 0
+    runner: str = ""
+    at: UtcDatetime
+    replayable: bool = True
+
+
+class DlqStore:
+    def __init__(self, js: JetStreamContext, names: WireNames, blobs: BlobStore | None) -> None:
+        self.js = js
+        self.names = names
+        self.blobs = blobs
+
+    async def put(
+        self,
+        *,
+        seq: int,
+        body: bytes,
+        headers: dict[str, str],
+        reason: str,
+        detail: str = "",
+        run_id: str | None = None,
+        attempt: int | None = None,
+        num_delivered: int = 0,
+        runner: str = "",
+        replayable: bool = True,
+    ) -> DlqRecord:
+        record: dict[str, Any] = {
+            "id": seq,
+            "headers": headers,
+            "body_bytes": len(body),
+            "run_id": run_id,
+            "attempt": attempt,
+            "reason": reason,
+            "detail": detail[:4000],
+            "num_delivered": num_delivered,
+            "runner": runner,
+            "at": utcnow(),
+            "replayable": replayable and run_id is not None,
+        }
+        if len(body) <= INLINE_BODY_MAX or self.blobs is None:
+            record["body_b64"] = base64.b64encode(body).decode()
+        else:
+            key = f"dlq/{seq}.bin"
+            await self.blobs.put_bytes(key, body)
+            record["body_key"] = key
+        model = DlqRecord.model_validate(record)
+        await self.js.publish(self.names.dlq_subject(seq), model.model_dump_json().encode())
+        return model
+
+    async def get(self, record_id: int) -> DlqRecord:
+        try:
+            msg = await self.js.get_last_msg(
+                self.names.dlq_stream, self.names.dlq_subject(record_id)
+            )
+        except NotFoundError:
+            raise RecordNotFound(f"no DLQ record {record_id}") from None
+        return DlqRecord.model_validate_json(msg.data or b"{}")
+
+    async def body(self, record: DlqRecord) -> bytes:
+        if record.body_b64 is not None:
+            return base64.b64decode(record.body_b64)
+        if record.body_key is not None and self.blobs is not None:
+            return await self.blobs.get_bytes(record.body_key)
+        return b""
+
+    async def list(
+        self, *, reason: str | None = None, older_than: datetime | None = None
+    ) -> list[DlqRecord]:
+        records: list[DlqRecord] = []
+        seq = 1
+        while True:
+            try:
+                msg = await self.js.get_msg(
+                    self.names.dlq_stream, seq=seq, subject=self.names.dlq_subject("*"), next=True
+                )
+            except NotFoundError:
+                break
+            assert msg.seq is not None
+            seq = msg.seq + 1
+            record = DlqRecord.model_validate_json(msg.data or b"{}")
+            if reason is not None and record.reason != reason:
+                continue
+            if older_than is not None and record.at >= older_than:
+                continue
+            records.append(record)
+        return sorted(records, key=lambda r: r.id)
+
+    async def delete(self, record_id: int) -> bool:
+        try:
+            record = await self.get(record_id)
+        except RecordNotFound:
+            return False
+        await self.js.purge_stream(self.names.dlq_stream, subject=self.names.dlq_subject(record_id))
+        if record.body_key is not None and self.blobs is not None:
+            await self.blobs.delete(record.body_key)
+        return True

@@ -1,0 +1,365 @@
+"""The publisher (SPEC §4): the only thing that queues a run.
+
+Every publication carries the run's attempt; the attempt is bumped by the CAS that queues a
+resume, *before* the publish, so a runner can always tell a live delivery from a superseded one.
+The order of each operation is the order of SPEC §4, and each failure leaves the run where a
+person (or the sweeper) can pick it up.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.errors import APIError
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from engine.loader import LoadedWorkflow
+from engine.resume import ResumeRequest, judge_resume
+from engine.vars import resolve_vars
+from publisher.config import WireSettings
+from publisher.dlq import DlqStore
+from publisher.errors import (
+    DuplicatePublication,
+    PublishFailed,
+    RecordNotReplayable,
+    RunNotCancellable,
+    StaleRecord,
+)
+from publisher.wire import MessageKind, ResumeCopy, RunMessage, WireNames, encode, msg_id
+from store import (
+    CasConflict,
+    Eq,
+    LeaseFree,
+    Ne,
+    Origin,
+    RunDocument,
+    RunNotFound,
+    RunStatus,
+    RunStore,
+    Update,
+    WorkflowRef,
+    lease_is_free,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = (
+    nats.errors.TimeoutError,
+    TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    OSError,
+)
+
+CANCELLABLE_DIRECTLY = frozenset(
+    {
+        RunStatus.QUEUED,
+        RunStatus.PAUSED_WAITING_HUMAN,
+        RunStatus.PAUSED_OPERATOR,
+        RunStatus.FAILED_RESUMABLE,
+    }
+)
+
+
+class Publisher:
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        nc: Client,
+        js: JetStreamContext,
+        settings: WireSettings,
+        names: WireNames | None = None,
+        dlq: DlqStore | None = None,
+    ) -> None:
+        self.store = store
+        self.nc = nc
+        self.js = js
+        self.settings = settings
+        self.names = names or WireNames(settings.namespace)
+        self.dlq = dlq
+
+    # -- publishing --------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        run: RunDocument,
+        kind: MessageKind,
+        *,
+        resume: ResumeCopy | None = None,
+        sweep: int | None = None,
+        traceparent: str | None = None,
+    ) -> PubAck:
+        """Publish the run's current attempt with bounded retries (tenacity). A retry after a
+        lost ack dedupes on `Nats-Msg-Id`; a *first* try answered `duplicate` means the id was
+        used before, which for a new attempt is an error (`DuplicatePublication`)."""
+        message = RunMessage(
+            run_id=run.run_id,
+            tenant=run.tenant,
+            attempt=run.attempt,
+            kind=kind,
+            published_at=utcnow(),
+            resume=resume,
+        )
+        body, headers = encode(message, traceparent=traceparent, sweep=sweep)
+        tries = 0
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(self.settings.publish_attempts)
+                | stop_after_delay(self.settings.publish_retry_budget.total_seconds()),
+                wait=wait_exponential(multiplier=0.1, max=2.0),
+                retry=retry_if_exception_type(_RETRYABLE),
+                reraise=True,
+            ):
+                with attempt:
+                    tries += 1
+                    ack = await self.js.publish(
+                        self.names.runs_subject,
+                        body,
+                        timeout=self.settings.publish_timeout.total_seconds(),
+                        stream=self.names.runs_stream,
+                        headers=headers,
+                    )
+        except (*_RETRYABLE, APIError) as exc:
+            raise PublishFailed(
+                f"run {run.run_id}: publishing attempt {run.attempt} failed after {tries}"
+                f" tries: {exc!r}"
+            ) from exc
+        if ack.duplicate and tries == 1 and sweep is None:
+            raise DuplicatePublication(
+                f"run {run.run_id}: {msg_id(run.run_id, run.attempt)} was already published"
+            )
+        return ack
+
+    async def record_publication(
+        self, run: RunDocument, ack: PubAck, *, sweep: int | None = None
+    ) -> RunDocument | None:
+        """Record the copy that carries the run (no version bump). Skipped when a claim already
+        recorded its own delivery of this attempt, or the attempt moved on."""
+        result = await self.store.update_run(
+            run.run_id,
+            [Eq("attempt", run.attempt), Ne("publication.stream_seq", ack.seq)],
+            Update(
+                set={
+                    "publication": {
+                        "attempt": run.attempt,
+                        "stream_seq": ack.seq,
+                        "at": utcnow(),
+                        "msg_id": msg_id(run.run_id, run.attempt, sweep),
+                    }
+                },
+                bump_version=False,
+            ),
+        )
+        return None if isinstance(result, CasConflict) else result
+
+    # -- launch ------------------------------------------------------------------------------
+
+    async def launch(
+        self,
+        loaded: LoadedWorkflow,
+        inputs: dict[str, Any],
+        *,
+        tenant: str,
+        run_id: str | None = None,
+    ) -> RunDocument:
+        from engine.local import new_run_id
+
+        resolve_vars(loaded.workflow, inputs)
+        now = utcnow()
+        doc = RunDocument(
+            run_id=run_id or new_run_id(),
+            tenant=tenant,
+            origin=Origin.FLEET,
+            workflow=WorkflowRef(
+                name=loaded.workflow.name, source=loaded.source, source_hash=loaded.source_hash
+            ),
+            inputs=inputs,
+            budget=loaded.workflow.budget.to_store(),
+            status=RunStatus.QUEUED,
+            attempt=1,
+            attempt_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+        await self.store.create_run(doc)
+        await self.store.append_event(
+            doc.run_id, "run_launched", {"workflow": loaded.workflow.name}, attempt=1
+        )
+        try:
+            ack = await self.publish(doc, "launch")
+        except (PublishFailed, DuplicatePublication) as exc:
+            await self.store.update_run(
+                doc.run_id,
+                [Eq("status", RunStatus.QUEUED), Eq("attempt", 1), Ne("publication.attempt", 1)],
+                Update(
+                    set={
+                        "status": RunStatus.FAILED,
+                        "failure_code": "LAUNCH_FAILED",
+                        "error": exc.message,
+                    }
+                ),
+            )
+            await self.store.append_event(
+                doc.run_id,
+                "run_failed",
+                {"code": "LAUNCH_FAILED", "error": exc.message},
+                attempt=1,
+            )
+            raise
+        await self.record_publication(doc, ack)
+        await self.store.append_event(
+            doc.run_id, "run_queued", {"attempt": 1, "kind": "launch"}, attempt=1
+        )
+        return await self.store.get_run(doc.run_id)
+
+    # -- resume and replay --------------------------------------------------------------------
+
+    async def _get(self, run_id: str, tenant: str) -> RunDocument:
+        run = await self.store.get_run(run_id)
+        if run.tenant != tenant:
+            raise RunNotFound(f"no run {run_id!r}")  # another tenant's run does not exist here
+        return run
+
+    async def resume(
+        self, run_id: str, request: ResumeRequest, *, tenant: str, kind: MessageKind = "resume"
+    ) -> RunDocument:
+        """Judge (refusals in SPEC §4 order), queue by one CAS on the status and attempt read,
+        publish, record. The loser of two concurrent resumes gets `run_not_resumable`."""
+        run = await self._get(run_id, tenant)
+        spec = judge_resume(run, request)
+        now = utcnow()
+        result = await self.store.update_run(
+            run_id,
+            [Eq("status", run.status), Eq("attempt", run.attempt)],
+            Update(
+                set={
+                    "status": RunStatus.QUEUED,
+                    "attempt": spec.attempt,
+                    "attempt_at": now,
+                    "resume_spec": spec.model_dump(),
+                    "cancel_requested": False,
+                    "origin": Origin.FLEET,
+                }
+            ),
+        )
+        if isinstance(result, CasConflict):
+            current = result.current or run
+            judge_resume(current, request)  # re-judge: it may now be refused for a reason
+            from engine.refusals import RunNotResumable
+
+            raise RunNotResumable(run_id, f"{current.status} (another operation won the race)")
+        copy = ResumeCopy(
+            answers=spec.answers,
+            consents=spec.consents,
+            budget=spec.budget,
+            source_hash=spec.workflow.source_hash if spec.workflow else None,
+        )
+        try:
+            ack = await self.publish(result, kind, resume=copy)
+        except (PublishFailed, DuplicatePublication) as exc:
+            await self._flip_back(result, spec.prior_status, exc.message)
+            raise
+        await self.record_publication(result, ack)
+        await self.store.append_event(
+            run_id, "run_queued", {"attempt": spec.attempt, "kind": kind}, attempt=spec.attempt
+        )
+        return await self.store.get_run(run_id)
+
+    async def _flip_back(self, run: RunDocument, prior: RunStatus, reason: str) -> None:
+        """A failed publish puts the run back where it was; the attempt stays (never
+        decreases), so any copy that did land is superseded."""
+        result = await self.store.update_run(
+            run.run_id,
+            [
+                Eq("status", RunStatus.QUEUED),
+                Eq("attempt", run.attempt),
+                Ne("publication.attempt", run.attempt),
+            ],
+            Update(set={"status": prior}),
+        )
+        if isinstance(result, CasConflict):
+            log.warning("run %s: could not flip back after a failed publish", run.run_id)
+            return
+        await self.store.append_event(
+            run.run_id,
+            "run_requeue_failed",
+            {"reason": reason, "back_to": str(prior)},
+            attempt=run.attempt,
+        )
+
+    async def replay(self, record_id: int, *, tenant: str) -> RunDocument:
+        """Replay a DLQ record through the resume path; the record goes only once the replay's
+        publication is recorded (a crash in between leaves it to be replayed again, which
+        `stale_record` then refuses harmlessly)."""
+        assert self.dlq is not None, "replay needs a DLQ store"
+        record = await self.dlq.get(record_id)
+        if not record.replayable or record.run_id is None:
+            raise RecordNotReplayable(f"DLQ record {record_id} has no run to resume")
+        run = await self._get(record.run_id, tenant)
+        if record.attempt != run.attempt:
+            raise StaleRecord(
+                f"DLQ record {record_id} is for attempt {record.attempt}; run {run.run_id} is"
+                f" at attempt {run.attempt}"
+            )
+        doc = await self.resume(run.run_id, ResumeRequest(), tenant=tenant, kind="replay")
+        await self.dlq.delete(record_id)
+        return doc
+
+    # -- cancel ------------------------------------------------------------------------------
+
+    async def cancel(
+        self, run_id: str, *, tenant: str, skew: timedelta | None = None
+    ) -> RunDocument:
+        skew = skew if skew is not None else self.settings.lease_skew
+        run = await self._get(run_id, tenant)
+        now = utcnow()
+        if run.status in CANCELLABLE_DIRECTLY:
+            result = await self.store.update_run(
+                run_id,
+                [Eq("status", run.status), Eq("attempt", run.attempt)],
+                Update(set={"status": RunStatus.CANCELLED, "cancel_requested": False}),
+            )
+        elif run.status is RunStatus.RUNNING and not lease_is_free(run, now, skew):
+            result = await self.store.update_run(
+                run_id,
+                [Eq("status", RunStatus.RUNNING), Eq("attempt", run.attempt)],
+                Update(set={"cancel_requested": True}),
+            )
+            if not isinstance(result, CasConflict):
+                try:
+                    await self.nc.publish(self.names.control_subject(run_id), b"cancel")
+                except nats.errors.Error:
+                    log.warning("run %s: control signal not sent; the refresh will see it", run_id)
+                return result
+        elif run.status is RunStatus.RUNNING:
+            result = await self.store.update_run(
+                run_id,
+                [Eq("status", RunStatus.RUNNING), Eq("attempt", run.attempt), LeaseFree(now, skew)],
+                Update(
+                    set={"status": RunStatus.CANCELLED, "cancel_requested": False}, unset=["lease"]
+                ),
+            )
+        else:
+            raise RunNotCancellable(f"run {run_id} is {run.status}")
+        if isinstance(result, CasConflict):
+            return await self.cancel(run_id, tenant=tenant, skew=skew)  # re-read, re-judge
+        await self.store.append_event(
+            run_id, "run_cancelled", {"by": "operator"}, attempt=run.attempt
+        )
+        return result

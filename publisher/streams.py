@@ -1,0 +1,161 @@
+"""`ensure_streams`: create or update the streams and consumers of SPEC §3, idempotently.
+
+JetStream cannot change some settings in place (a stream's retention or storage, a consumer's
+ack policy); rather than silently leave a stream that contradicts the contract, we refuse with
+`StreamConfigConflict` naming the setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+
+from publisher.config import WireSettings
+from publisher.errors import StreamConfigConflict
+from publisher.wire import WireNames
+
+SEVEN_DAYS = 7 * 24 * 3600.0
+SERVER_DEFAULT_DUPLICATE_WINDOW = 120.0
+"""Stated explicitly: left at 0 the server applies 2 min, and every ensure would "update"."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnsureReport:
+    created: list[str]
+    updated: list[str]
+
+
+def runs_stream_config(names: WireNames, s: WireSettings) -> StreamConfig:
+    return StreamConfig(
+        name=names.runs_stream,
+        subjects=[names.runs_subject],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        max_age=0,
+        duplicate_window=s.duplicate_window.total_seconds(),
+        num_replicas=s.stream_replicas,
+    )
+
+
+def runners_consumer_config(names: WireNames, s: WireSettings) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=names.consumer,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=s.effective_ack_wait.total_seconds(),
+        max_deliver=s.max_deliver,
+        # -1: messages waiting out a nak delay count against the limit, and a finite one
+        # would stop new launches during a capacity outage (SPEC §3).
+        max_ack_pending=-1,
+        filter_subject=names.runs_subject,
+    )
+
+
+def advisory_stream_config(names: WireNames, s: WireSettings) -> StreamConfig:
+    return StreamConfig(
+        name=names.advisory_stream,
+        subjects=[names.advisory_subject],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=SEVEN_DAYS,
+        duplicate_window=SERVER_DEFAULT_DUPLICATE_WINDOW,
+        num_replicas=s.stream_replicas,
+    )
+
+
+def backstop_consumer_config(names: WireNames) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=names.backstop_consumer,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=30.0,
+        max_deliver=-1,
+        max_ack_pending=-1,
+    )
+
+
+def dlq_stream_config(names: WireNames, s: WireSettings) -> StreamConfig:
+    return StreamConfig(
+        name=names.dlq_stream,
+        subjects=[names.dlq_subject("*")],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_msgs_per_subject=1,
+        max_age=0,
+        duplicate_window=SERVER_DEFAULT_DUPLICATE_WINDOW,
+        num_replicas=s.stream_replicas,
+    )
+
+
+async def _ensure_stream(js: JetStreamContext, want: StreamConfig, report: EnsureReport) -> None:
+    assert want.name is not None
+    try:
+        info = await js.stream_info(want.name)
+    except NotFoundError:
+        await js.add_stream(want)
+        report.created.append(want.name)
+        return
+    have = info.config
+    for field in ("retention", "storage"):
+        if getattr(have, field) != getattr(want, field):
+            raise StreamConfigConflict(
+                f"stream {want.name}: {field} is {getattr(have, field)}, the contract says"
+                f" {getattr(want, field)}"
+            )
+    if _differs(have, want):
+        await js.update_stream(want)
+        report.updated.append(want.name)
+
+
+async def _ensure_consumer(
+    js: JetStreamContext, stream: str, want: ConsumerConfig, report: EnsureReport
+) -> None:
+    assert want.durable_name is not None
+    label = f"{stream}/{want.durable_name}"
+    try:
+        info = await js.consumer_info(stream, want.durable_name)
+    except NotFoundError:
+        await js.add_consumer(stream, want)
+        report.created.append(label)
+        return
+    have = info.config
+    if have.ack_policy != want.ack_policy:
+        raise StreamConfigConflict(f"consumer {label}: ack policy is {have.ack_policy}")
+    if _differs(have, want):
+        await js.add_consumer(stream, want)  # same durable: the server updates it in place
+        report.updated.append(label)
+
+
+def _differs(have: object, want: object) -> bool:
+    for field, value in vars(want).items():
+        if value is None:
+            continue
+        current = getattr(have, field, None)
+        if isinstance(value, float) or isinstance(current, float):
+            if current is None or abs(float(current) - float(value)) > 1e-6:
+                return True
+        elif current != value:
+            return True
+    return False
+
+
+async def ensure_streams(
+    js: JetStreamContext, names: WireNames, settings: WireSettings
+) -> EnsureReport:
+    report = EnsureReport([], [])
+    await _ensure_stream(js, runs_stream_config(names, settings), report)
+    await _ensure_consumer(js, names.runs_stream, runners_consumer_config(names, settings), report)
+    await _ensure_stream(js, advisory_stream_config(names, settings), report)
+    await _ensure_consumer(js, names.advisory_stream, backstop_consumer_config(names), report)
+    await _ensure_stream(js, dlq_stream_config(names, settings), report)
+    return report

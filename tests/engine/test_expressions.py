@@ -1,0 +1,105 @@
+"""Safe expressions (SPEC §6.1, ADR-0005): attribute access over data, nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.errors import ExpressionError
+from engine.expressions import compile_check, evaluate, evaluate_condition
+
+
+@pytest.fixture
+def ctx() -> dict[str, Any]:
+    return {
+        "vars": {"n": 2, "name": "Ada"},
+        "outputs": {"build": {"ok": True, "items": [1, 2, 3], "keys": "k"}},
+        "answers": {"approved": False},
+        "loop": {"steps": 1},
+        "budget": {"max_iterations": None},
+    }
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("vars.n + 1", 3),
+        ("outputs.build.ok and vars.n > 1", True),
+        ("len(outputs.build.items)", 3),
+        ("outputs.build.keys", "k"),  # a field named like a dict method reads the data
+        ("outputs['build']['ok']", True),
+        ("not answers.approved", True),
+        ("loop.steps < 3", True),
+        ("max(vars.n, budget.max_iterations or 0)", 2),
+        ("[x * 2 for x in outputs.build.items if x > 1]", [4, 6]),
+        ("'build' in outputs", True),
+        ("vars.name.lower()", "ada"),
+        ("round(vars.n / 3, 2)", 0.67),
+        ("str(vars.n) + '!'", "2!"),
+        ("'yes' if vars.n == 2 else 'no'", "yes"),
+    ],
+)
+def test_expressions_read_the_context(ctx: dict[str, Any], expr: str, expected: Any) -> None:
+    compile_check(expr)
+    assert evaluate(expr, ctx) == expected
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os').system('true')",
+        "vars.__class__",
+        "().__class__.__bases__[0].__subclasses__()",
+        "outputs.build.__dict__",
+        "eval('1')",
+        "open('/etc/passwd')",
+        "vars.name.format(vars)",
+        "lambda: 1",
+        "getattr(vars, 'n')",
+    ],
+)
+def test_no_eval_and_no_dunder_access(ctx: dict[str, Any], expr: str) -> None:
+    with pytest.raises(ExpressionError) as info:
+        evaluate(expr, ctx)
+    assert info.value.expression == expr
+    assert info.value.code == "expression_failed"
+    with pytest.raises(ExpressionError):
+        compile_check(expr)
+
+
+@pytest.mark.parametrize(
+    ("expr", "fragment"),
+    [
+        ("vars.missing", "vars has no field 'missing'"),
+        ("outputs.nope.ok", "outputs has no field 'nope'"),
+        ("vars.n.real", "not a mapping"),
+        ("1 / 0", "ZeroDivisionError"),
+        ("vars.n +", "syntax error"),
+        ("x = 1", "syntax error"),
+    ],
+)
+def test_runtime_failures_are_expression_errors_naming_the_expression(
+    ctx: dict[str, Any], expr: str, fragment: str
+) -> None:
+    with pytest.raises(ExpressionError) as info:
+        evaluate(expr, ctx)
+    assert fragment in str(info.value)
+    assert repr(expr) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "expr", ["foo + 1", "var.n", "vars.n +", "", "a @ b", "(x := 1)", "vars.n.__add__(1)"]
+)
+def test_compile_check_refuses_at_load(expr: str) -> None:
+    with pytest.raises(ExpressionError):
+        compile_check(expr)
+
+
+def test_comprehension_variables_are_known_names() -> None:
+    compile_check("[item for item in outputs.build.items]")
+
+
+def test_condition_is_truthiness(ctx: dict[str, Any]) -> None:
+    assert evaluate_condition("outputs.build.items", ctx) is True
+    assert evaluate_condition("answers.approved", ctx) is False

@@ -1,0 +1,87 @@
+"""Templates (SPEC §6.1, §8): shell-quoted unless `| raw`; strict, except for attachments."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+from engine.errors import TemplateError
+from engine.templates import compile_check, render
+
+HOSTILE = "a b; touch pwned"
+
+
+@pytest.fixture
+def ctx() -> dict[str, Any]:
+    return {
+        "vars": {"name": HOSTILE, "n": 3, "flag": True, "opts": {"k": [1, 2]}},
+        "outputs": {"build": {"items": "data"}},
+        "attachments": {"doc": {"path": "/run/runfleet/attachments/doc.pdf"}},
+    }
+
+
+def test_shell_values_are_quoted(ctx: dict[str, Any]) -> None:
+    command = render("echo hello {{ vars.name }}", ctx, shell=True)
+    assert command == "echo hello 'a b; touch pwned'"
+    # the shell sees one argument, and runs no second command
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert out.stdout == f"hello {HOSTILE}\n"
+
+
+def test_raw_opts_out_of_quoting(ctx: dict[str, Any]) -> None:
+    assert render("echo {{ vars.name | raw }}", ctx, shell=True) == f"echo {HOSTILE}"
+
+
+def test_plain_rendering_does_not_quote(ctx: dict[str, Any]) -> None:
+    assert render("hi {{ vars.name }}", ctx, shell=False) == f"hi {HOSTILE}"
+
+
+def test_values_render_as_text_and_json(ctx: dict[str, Any]) -> None:
+    text = "{{ vars.n }} {{ vars.flag }} {{ vars.opts }} {{ outputs.build.items }}"
+    assert render(text, ctx, shell=False) == '3 true {"k": [1, 2]} data'
+    assert render("{{ vars.opts }}", ctx, shell=True) == "'{\"k\": [1, 2]}'"
+
+
+def test_missing_attachment_renders_empty(ctx: dict[str, Any]) -> None:
+    text = "cat {{ attachments.doc.path }} {{ attachments.missing.path }}{{ attachments.doc.url }}"
+    assert render(text, ctx, shell=False) == "cat /run/runfleet/attachments/doc.pdf "
+    # with shell quoting an absent value is an empty word, keeping argument positions
+    assert render("cat {{ attachments.missing.path }}", ctx, shell=True) == "cat ''"
+    assert render("{{ attachments.x.path }}", {"vars": {}}, shell=False) == ""
+
+
+@pytest.mark.parametrize("text", ["{{ vars.nope }}", "{{ nope }}", "{{ outputs.x.y }}"])
+def test_undefined_var_is_an_error(ctx: dict[str, Any], text: str) -> None:
+    with pytest.raises(TemplateError) as info:
+        render(text, ctx, shell=True)
+    assert info.value.template == text
+    assert text in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{{ vars.name.__class__ }}",
+        "{{ vars.opts.update({}) }}",
+        "{{ '{0.__class__}'.format(vars) }}",
+    ],
+)
+def test_the_sandbox_refuses_python_internals(ctx: dict[str, Any], text: str) -> None:
+    with pytest.raises(TemplateError):
+        render(text, ctx, shell=False)
+
+
+def test_syntax_errors_carry_the_template_line() -> None:
+    with pytest.raises(TemplateError) as info:
+        compile_check("echo one\necho {{ vars.x", shell=True)
+    assert info.value.lineno == 2
+
+
+def test_compile_check_refuses_unknown_roots_and_filters() -> None:
+    compile_check("{{ vars.x }} {{ attachments.a.path }} {{ outputs.n.f | raw }}", shell=True)
+    with pytest.raises(TemplateError, match="unknown name 'var'"):
+        compile_check("{{ var.x }}")
+    with pytest.raises(TemplateError):
+        compile_check("{{ vars.x | nosuchfilter }}")
