@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,6 +61,7 @@ class LeaseKeeper:
         self.cancel = cancel
         self.on_beat = on_beat
         self.refreshes = 0
+        self.last_refresh_s = 0.0
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -87,6 +89,7 @@ class LeaseKeeper:
         backoff = 0.05
         while True:
             new_expiry = utcnow() + self.timing.ttl
+            started = time.monotonic()
             try:
                 result = await self.store.update_run(
                     self.run_id,
@@ -110,6 +113,7 @@ class LeaseKeeper:
                 return False
             self.expires_at = new_expiry
             self.refreshes += 1
+            self.last_refresh_s = time.monotonic() - started
             if result.cancel_requested:
                 self.cancel.cancel(CancelReason.OPERATOR)
             return True

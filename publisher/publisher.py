@@ -104,10 +104,13 @@ class Publisher:
         resume: ResumeCopy | None = None,
         sweep: int | None = None,
         traceparent: str | None = None,
+        expect_new: bool = True,
     ) -> PubAck:
         """Publish the run's current attempt with bounded retries (tenacity). A retry after a
         lost ack dedupes on `Nats-Msg-Id`; a *first* try answered `duplicate` means the id was
-        used before, which for a new attempt is an error (`DuplicatePublication`)."""
+        used before, which for a new attempt is an error (`DuplicatePublication`). The
+        sweeper's republish of a missing publication passes `expect_new=False`: there a
+        duplicate means the original landed, and its sequence is in the ack."""
         message = RunMessage(
             run_id=run.run_id,
             tenant=run.tenant,
@@ -140,7 +143,7 @@ class Publisher:
                 f"run {run.run_id}: publishing attempt {run.attempt} failed after {tries}"
                 f" tries: {exc!r}"
             ) from exc
-        if ack.duplicate and tries == 1 and sweep is None:
+        if ack.duplicate and tries == 1 and expect_new:
             raise DuplicatePublication(
                 f"run {run.run_id}: {msg_id(run.run_id, run.attempt)} was already published"
             )

@@ -19,6 +19,8 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
+from pydantic import BaseModel
+
 from store.errors import IllegalTransition
 from store.models import RunDocument, RunStatus
 from store.status import check_transitions
@@ -33,6 +35,8 @@ def to_storage(value: Any) -> Any:
         return to_ms(value)
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, BaseModel):
+        return to_storage(value.model_dump(mode="python"))
     if isinstance(value, Mapping):
         return {str(k): to_storage(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -65,6 +67,7 @@ _TRANSIENT = (ConnectionFailure,)
 """AutoReconnect, NetworkTimeout and ServerSelectionTimeoutError all derive from it."""
 _APPEND_TRIES = 200
 _CAS_TRIES = 50
+_RECENT_RUNS = 4096
 _SEQ_ONLY = {"_id": 0, "seq": 1}
 """Covered by the `(run_id, seq)` index on a real server; spares mongomock copying each event."""
 _PENDING = InteractionStatus.PENDING.value
@@ -95,9 +98,33 @@ def _null_safe(clause: Doc) -> Doc:
     return {"$or": [clause, *({".".join(parts[:i]): None} for i in range(1, len(parts)))]}
 
 
+@dataclass(slots=True)
+class _RecentRun:
+    """What this process knows about a run it appended to."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_seq: int | None = None
+
+
+def _brief(exc: BaseException) -> str:
+    """Server-selection errors append a whole topology description; it stays on `__cause__`."""
+    text = str(exc)
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+_USERINFO = re.compile(r"(?<=://)([^@/?#]*)@")
+
+
 def redact_url(url: str) -> str:
     """The URL with its credentials replaced, safe for error messages and logs."""
-    return re.sub(r"(?<=://)[^@/?#]*@", "***@", url)
+    return _USERINFO.sub("***@", url)
+
+
+def _scrub(text: str, url: str) -> str:
+    """A driver message with the URL's password removed (URI parse errors may quote it)."""
+    found = _USERINFO.search(url)
+    secret = found.group(1).partition(":")[2] if found else ""
+    return text.replace(secret, "***") if secret else text
 
 
 class MongoRunStore:
@@ -121,6 +148,7 @@ class MongoRunStore:
         self._staged: AsyncCollection[Doc] = db["staged_uploads"]
         self._locks: AsyncCollection[Doc] = db["locks"]
         self._indexed = False
+        self._recent: OrderedDict[str, _RecentRun] = OrderedDict()
         self._index_lock = asyncio.Lock()
 
     @classmethod
@@ -139,8 +167,10 @@ class MongoRunStore:
                 url, tz_aware=True, serverSelectionTimeoutMS=server_selection_timeout_ms
             )
             db = client[db_name] if db_name else client.get_default_database("runfleet")
-        except PyMongoError as exc:  # InvalidURI, ConfigurationError: nothing to retry
-            raise InvalidStoreUrl(f"cannot use MongoDB URL {shown}: {exc}") from exc
+        except (PyMongoError, ValueError, TypeError) as exc:  # a bad URI: nothing to retry
+            raise InvalidStoreUrl(
+                f"cannot use MongoDB URL {shown}: {_scrub(str(exc), url)}"
+            ) from exc
         store = cls(db, client=client, retry_attempts=retry_attempts, label=f"MongoDB at {shown}")
         try:
             await store.ping()
@@ -172,9 +202,11 @@ class MongoRunStore:
         except DuplicateKeyError:
             raise
         except _TRANSIENT as exc:
-            raise StoreUnavailable(f"{self._label} unreachable during {what}: {exc}") from exc
+            raise StoreUnavailable(
+                f"{self._label} unreachable during {what}: {_brief(exc)}"
+            ) from exc
         except (PyMongoError, BSONError) as exc:
-            raise StoreError(f"{self._label} failed during {what}: {exc}") from exc
+            raise StoreError(f"{self._label} failed during {what}: {_brief(exc)}") from exc
         raise AssertionError("tenacity stopped without a result")  # pragma: no cover
 
     async def _io(
@@ -310,7 +342,8 @@ class MongoRunStore:
                 raise RunNotFound(f"no run {run_id!r}")
             if not matches(current, conditions):
                 break
-            decode(RunDocument, apply_update(current, stored, now_ms), what="run", ident=run_id)
+            new = apply_update(current, stored, now_ms)
+            decode(RunDocument, new, what="run update", ident=run_id)  # refuse before writing
             if not ops:
                 return self._run(current)
             flt = {"$and": [*guard, {"version": current.get("version")}]}
@@ -318,10 +351,10 @@ class MongoRunStore:
             if raw is not None:
                 return self._run(raw)
             if retried:  # the first attempt may have landed before its connection dropped
-                now = await self._io("re-read run", self._runs.find_one, {"_id": run_id})
+                latest = await self._io("re-read run", self._runs.find_one, {"_id": run_id})
                 landed = Update(set=stored.set, unset=update.unset, bump_version=False)
-                if now is not None and apply_update(now, landed, now_ms) == now:
-                    return self._run(now)
+                if latest is not None and apply_update(latest, landed, now_ms) == latest:
+                    return self._run(latest)
         assert current is not None
         return CasConflict(self._run(current))
 
@@ -351,6 +384,7 @@ class MongoRunStore:
 
     async def delete_run(self, run_id: str) -> bool:
         """Projections first: if this stops half-way the run is still there for `gc` to find."""
+        self._recent.pop(run_id, None)
         await self._io("delete events", self._events.delete_many, {"run_id": run_id})
         await self._io("delete interactions", self._interactions.delete_many, {"run_id": run_id})
         result = await self._io("delete run", self._runs.delete_one, {"_id": run_id})
@@ -367,34 +401,53 @@ class MongoRunStore:
         attempt: int | None = None,
         execution: str | None = None,
     ) -> Event:
-        """No counter document: the unique `(run_id, seq)` index arbitrates between appenders.
-        The `_id` is fixed per call so a retried insert that landed is found, not repeated."""
+        """No counter document: the unique `(run_id, seq)` index arbitrates between processes;
+        within this process appends to one run queue on a lock (FIFO, so none starves).
+
+        The first try uses the last seq this process saw for the run (one round trip when one
+        execution appends to its own run); a collision falls back to reading `max(seq)`. A
+        remembered seq always exists (events go only with their run, and run ids are never
+        reused), so the guess never leaves a gap. The `_id` is fixed per call so a retried insert
+        that landed is found, not appended twice."""
+        recent = self._recent_run(run_id)
         event_id, at = uuid.uuid4().hex, utcnow()
-        for _ in range(_APPEND_TRIES):
-            flt, order = {"run_id": run_id}, [("seq", DESCENDING)]
-            last = await self._find("read last seq", self._events, flt, order, 1, _SEQ_ONLY)
-            seq = int(last[0]["seq"]) + 1 if last else 1
-            event = Event(
-                run_id=run_id,
-                seq=seq,
-                type=type,
-                attempt=attempt,
-                execution=execution,
-                at=at,
-                data=data or {},
-            )
-            doc = {**encode(event), "_id": event_id}
-            try:
-                await self._io("append event", self._events.insert_one, doc)
-            except DuplicateKeyError:
-                mine = await self._io("re-read event", self._events.find_one, {"_id": event_id})
-                if mine is not None:
-                    return self._event(mine)
-                continue
-            return event
+        async with recent.lock:
+            for _ in range(_APPEND_TRIES):
+                if recent.last_seq is None:
+                    flt, order = {"run_id": run_id}, [("seq", DESCENDING)]
+                    top = await self._find("read max seq", self._events, flt, order, 1, _SEQ_ONLY)
+                    recent.last_seq = int(top[0]["seq"]) if top else 0
+                event = Event(
+                    run_id=run_id,
+                    seq=recent.last_seq + 1,
+                    type=type,
+                    attempt=attempt,
+                    execution=execution,
+                    at=at,
+                    data=data or {},
+                )
+                doc = {**encode(event), "_id": event_id}
+                try:
+                    await self._io("append event", self._events.insert_one, doc)
+                except DuplicateKeyError:
+                    mine = await self._io("re-read event", self._events.find_one, {"_id": event_id})
+                    if mine is None:
+                        recent.last_seq = None
+                        continue
+                    event = self._event(mine)
+                recent.last_seq = event.seq
+                return event
         raise StoreUnavailable(
             f"{self._label}: event append for run {run_id!r} lost {_APPEND_TRIES} races in a row"
         )
+
+    def _recent_run(self, run_id: str) -> _RecentRun:
+        """LRU-bounded; evicting a run that is still appending costs only a collision."""
+        recent = self._recent.pop(run_id, None) or _RecentRun()
+        self._recent[run_id] = recent
+        if len(self._recent) > _RECENT_RUNS:
+            self._recent.popitem(last=False)
+        return recent
 
     def _event(self, raw: Doc) -> Event:
         ident = f"{raw.get('run_id')}#{raw.get('seq')}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -92,6 +93,23 @@ def budget_overrides(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--max-duration") from exc
     return Budget(max_duration=duration, max_cost_usd=max_cost_usd, max_iterations=max_iterations)
+
+
+def runner_for_sweep(env: Any) -> Any:
+    """A runner that does not consume: only its services, for a one-off sweep pass."""
+    from runner.config import RunnerSettings
+    from runner.runner import Runner
+
+    return Runner(
+        store=env.store,
+        driver=env.driver(),
+        data_dir=env.data_dir,
+        blobs=env.blobs,
+        settings=RunnerSettings(sweeper=False, backstop=False, slots=1, http_host="127.0.0.1"),
+        engine=env.engine,
+        wire=WireSettings(data=env.settings.data),
+        consume=False,
+    )
 
 
 def progress_printer(enabled: bool) -> Callable[[Event], None] | None:
@@ -251,6 +269,66 @@ async def streams_ensure_cmd(as_json: bool) -> None:
     else:
         click.echo(f"created: {', '.join(report.created) or '-'}")
         click.echo(f"updated: {', '.join(report.updated) or '-'}")
+
+
+@cli.command("runner")
+@click.option("--slots", type=click.IntRange(1, 10_000), help="concurrent deliveries")
+@click.option("--http-port", type=click.IntRange(0, 65535), help="health/metrics port")
+@command
+async def runner_cmd(slots: int | None, http_port: int | None) -> None:
+    """Run one runner process until SIGTERM or Ctrl-C, then drain (hand off) and exit 0."""
+    import signal
+
+    from runner.config import RunnerSettings
+    from runner.runner import Runner
+
+    overrides: dict[str, Any] = {}
+    if slots is not None:
+        overrides["slots"] = slots
+    if http_port is not None:
+        overrides["http_port"] = http_port
+    settings = RunnerSettings(**overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    async with open_env() as env:
+        runner = Runner(
+            store=env.store,
+            driver=env.driver(),
+            data_dir=env.data_dir,
+            blobs=env.blobs,
+            settings=settings,
+            engine=env.engine,
+            wire=WireSettings(data=env.settings.data),
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(runner.shutdown()))
+        await runner.start()
+        assert runner.http is not None
+        click.echo(
+            f"runner {runner.owner}: {settings.slots} slots, http :{runner.http.port}", err=True
+        )
+        await runner.run()
+
+
+@cli.command("sweep")
+@json_option
+@command
+async def sweep_cmd(as_json: bool) -> None:
+    """Run one orphan-sweeper pass now (SPEC §5.9)."""
+    from runner.sweeper import Sweeper
+
+    async with open_env() as env:
+        runner = runner_for_sweep(env)
+        async with runner:
+            assert runner.svc is not None
+            report = await Sweeper(runner.svc).sweep_once(force=True)
+    if as_json:
+        echo_json({"actions": dict(report.actions)})
+    else:
+        for action, count in sorted(report.actions.items()):
+            click.echo(f"{action}: {count}")
+        if not report.actions:
+            click.echo("nothing to do")
 
 
 @cli.command("status")

@@ -1,0 +1,108 @@
+"""The claim (SPEC §5.3) and the writes admission makes instead of one (steps 6 and 7).
+
+Every claim is one CAS on the status, attempt and `version` read at admission (the version
+carries `scratch`, `budget` and `workflow.source_hash` as judged), with the lease free. It writes
+a new lease stamped with the delivery's stream sequence, points `publication.stream_seq` at that
+delivery, and clears `failure_code` / `error`. Only the fresh claim writes a resume's effects,
+and only for the attempt that carried them (SPEC §5.7).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from engine.failures import FailureCode
+from engine.resume import claim_effects
+from runner.admission import ClaimPath, DeliveryInfo
+from store import (
+    CasConflict,
+    Eq,
+    Lease,
+    LeaseFree,
+    RunDocument,
+    RunStatus,
+    RunStore,
+    Update,
+)
+
+
+def _read_conditions(run: RunDocument, now: datetime, skew: timedelta) -> list[Any]:
+    return [
+        Eq("status", run.status),
+        Eq("attempt", run.attempt),
+        Eq("version", run.version),
+        LeaseFree(now, skew),
+    ]
+
+
+async def claim(
+    store: RunStore,
+    run: RunDocument,
+    path: ClaimPath,
+    delivery: DeliveryInfo,
+    *,
+    owner: str,
+    now: datetime,
+    ttl: timedelta,
+    skew: timedelta,
+) -> RunDocument | CasConflict:
+    token = uuid.uuid4().hex
+    fields: dict[str, Any] = {
+        "status": RunStatus.RUNNING,
+        "lease": Lease(
+            owner=owner,
+            token=token,
+            attempt=run.attempt,
+            stream_seq=delivery.stream_seq,
+            expires_at=now + ttl,
+        ).model_dump(),
+        "publication.attempt": run.attempt,
+        "publication.stream_seq": delivery.stream_seq,
+        "publication.at": now,
+        "failure_code": None,
+        "error": None,
+        "cause_code": None,
+    }
+    spec = run.resume_spec
+    if path == "fresh" and spec is not None and spec.attempt == run.attempt:
+        fields.update(claim_effects(run, spec))
+    return await store.update_run(run.run_id, _read_conditions(run, now, skew), Update(set=fields))
+
+
+async def cancel_stale(
+    store: RunStore, run: RunDocument, *, now: datetime, skew: timedelta
+) -> RunDocument | CasConflict:
+    """Step 6: only a stale flag reaches here (no execution holds the lease)."""
+    return await store.update_run(
+        run.run_id,
+        _read_conditions(run, now, skew),
+        Update(set={"status": RunStatus.CANCELLED, "cancel_requested": False}, unset=["lease"]),
+    )
+
+
+async def park_refusal(
+    store: RunStore,
+    run: RunDocument,
+    kind: str,
+    path: ClaimPath,
+    detail: str,
+    *,
+    now: datetime,
+    skew: timedelta,
+) -> RunDocument | CasConflict:
+    """Step 7: a scratch refusal on the fresh path puts the run back where the resume found it;
+    on adoption or auto-retry it parks `failed_resumable SCRATCH_NOT_PORTABLE`; a budget
+    refusal always parks `paused_operator BUDGET_EXCEEDED`."""
+    if kind == "budget":
+        status, code = RunStatus.PAUSED_OPERATOR, FailureCode.BUDGET_EXCEEDED
+    elif path == "fresh" and run.resume_spec is not None:
+        status, code = run.resume_spec.prior_status, FailureCode.SCRATCH_NOT_PORTABLE
+    else:
+        status, code = RunStatus.FAILED_RESUMABLE, FailureCode.SCRATCH_NOT_PORTABLE
+    return await store.update_run(
+        run.run_id,
+        _read_conditions(run, now, skew),
+        Update(set={"status": status, "failure_code": code, "error": detail}),
+    )

@@ -1,0 +1,30 @@
+"""Runner settings (SPEC §5, §12). The runner also reads `EngineSettings` (lease, budgets of
+the unwind ceiling) and `WireSettings` (names, max_deliver, ack_wait): one variable, one meaning."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from store.timeutil import Duration
+
+
+class RunnerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RUNFLEET_", extra="ignore")
+
+    slots: int = Field(default=8, ge=1, le=10_000, description="concurrent deliveries")
+    http_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    http_host: str = "0.0.0.0"
+    transient_delay: Duration = timedelta(seconds=5)
+    transient_delay_cap: Duration = timedelta(minutes=10)
+    fetch_timeout: Duration = timedelta(seconds=0.5)
+    lagging_delay: Duration = timedelta(seconds=2)
+    young_message: Duration = timedelta(seconds=30)
+    unsupported_schema_delay: Duration = timedelta(minutes=5)
+    drain_nak_delay: Duration = timedelta(seconds=1)
+    claim_retries: int = Field(default=3, ge=0)
+    sweeper: bool = Field(default=True, description="take part in the orphan sweeper")
+    backstop: bool = Field(default=True, description="consume MAX_DELIVERIES advisories")
+    healthy_within: Duration = timedelta(seconds=60)

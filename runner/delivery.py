@@ -1,0 +1,255 @@
+"""One delivery, start to end (SPEC §5.1-§5.6), read top to bottom in the order it happens:
+decode → load → admission → claim → lease → engine → disposition.
+
+`handle()` is the supervised task: it catches everything. Without a lease an unexpected error
+naks with the transient delay (and at the last delivery records the message `internal_error`);
+with a lease it becomes the outcome `failed_resumable INTERNAL_ERROR`, disposed of like any
+transient code. A poison message never kills a runner.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from engine.cancel import CancelSignal
+from engine.events import EventLog
+from engine.execution import Execution
+from engine.failures import FailureCode
+from engine.outcome import Failed, Outcome
+from publisher.errors import MalformedMessage, UnsupportedSchema
+from publisher.wire import RunMessage, decode
+from runner.admission import Ack, CancelStale, Claim, Dead, Nak, Refuse, judge
+from runner.claim import cancel_stale, claim, park_refusal
+from runner.delays import transient_delay
+from runner.deliveries import Delivery
+from runner.disposition import dispose_outcome
+from runner.lease import HeldLease
+from runner.services import RunnerServices
+from store import CasConflict, RunDocument, RunNotFound, StoreError, utcnow
+
+log = logging.getLogger(__name__)
+
+
+async def handle(svc: RunnerServices, delivery: Delivery) -> None:
+    try:
+        await _handle(svc, delivery)
+    except Exception as exc:
+        log.exception("delivery seq=%s: unexpected error", delivery.info.stream_seq)
+        if delivery.disposed is None:
+            await _last_resort(svc, delivery, exc)
+
+
+async def _last_resort(svc: RunnerServices, delivery: Delivery, exc: Exception) -> None:
+    try:
+        if delivery.info.is_last:
+            await dead_letter(svc, delivery, None, "internal_error", repr(exc))
+        else:
+            await _nak_transient(svc, delivery, "internal_error")
+    except Exception:
+        log.exception("delivery seq=%s: could not dispose after an error", delivery.info.stream_seq)
+
+
+async def _nak_transient(svc: RunnerServices, delivery: Delivery, reason: str) -> None:
+    delay = transient_delay(
+        FailureCode.INTERNAL_ERROR,
+        delivery.info.num_delivered,
+        svc.settings.transient_delay,
+        svc.settings.transient_delay_cap,
+    )
+    await delivery.nak(delay)
+    svc.metrics.delivery("nak", reason)
+
+
+async def dead_letter(
+    svc: RunnerServices,
+    delivery: Delivery,
+    message: RunMessage | None,
+    reason: str,
+    detail: str,
+    *,
+    replayable: bool = True,
+) -> None:
+    """Record, then ack (confirmed): nothing is dropped, not even bytes we cannot decode."""
+    await svc.dlq.put(
+        seq=delivery.info.stream_seq,
+        body=delivery.data,
+        headers=delivery.headers,
+        reason=reason,
+        detail=detail,
+        run_id=message.run_id if message else None,
+        attempt=message.attempt if message else None,
+        num_delivered=delivery.info.num_delivered,
+        runner=svc.owner,
+        replayable=replayable,
+    )
+    svc.metrics.dlq_records.labels(reason=reason).inc()
+    await delivery.ack_sync()
+    svc.metrics.delivery("dlq", reason)
+
+
+async def _handle(svc: RunnerServices, delivery: Delivery) -> None:
+    if svc.draining:
+        await delivery.nak(svc.settings.drain_nak_delay.total_seconds())
+        svc.metrics.delivery("nak", "draining")
+        return
+    # Step 1: decode and validate.
+    try:
+        message = decode(delivery.data, delivery.headers)
+    except MalformedMessage as exc:
+        await dead_letter(svc, delivery, None, "malformed", exc.message, replayable=False)
+        return
+    except UnsupportedSchema as exc:
+        if delivery.info.is_last:
+            await dead_letter(svc, delivery, None, "unsupported_schema", exc.message)
+        else:
+            await delivery.nak(svc.settings.unsupported_schema_delay.total_seconds())
+            svc.metrics.delivery("nak", "unsupported_schema")
+        return
+    for _ in range(svc.settings.claim_retries + 1):
+        # Step 2: load the run (unfiltered by tenant).
+        try:
+            run = await svc.store.get_run(message.run_id)
+        except RunNotFound:
+            age = utcnow() - message.published_at
+            if age < svc.settings.young_message and not delivery.info.is_last:
+                await delivery.nak(svc.settings.lagging_delay.total_seconds())
+                svc.metrics.delivery("nak", "run_not_found_yet")
+            else:
+                await dead_letter(
+                    svc,
+                    delivery,
+                    message,
+                    "run_not_found",
+                    f"no run {message.run_id}",
+                    replayable=False,
+                )
+            return
+        except StoreError:
+            await _nak_transient(svc, delivery, "store_unreachable")
+            return
+        if message.tenant != run.tenant:
+            await dead_letter(
+                svc,
+                delivery,
+                message,
+                "tenant_mismatch",
+                f"message tenant {message.tenant!r} is not the run's",
+                replayable=False,
+            )
+            return
+        # Steps 3-8.
+        now = utcnow()
+        decision = judge(message, run, delivery.info, now, svc.timing)
+        if isinstance(decision, Ack):
+            await delivery.ack()
+            svc.metrics.delivery("ack", decision.reason)
+            log.info("run %s attempt %s: %s", run.run_id, message.attempt, decision.reason)
+            return
+        if isinstance(decision, Nak):
+            await delivery.nak(decision.delay)
+            svc.metrics.delivery("nak", decision.reason)
+            return
+        if isinstance(decision, Dead):
+            if decision.reason == "no_claim_path":
+                log.error("run %s: no claim path (%s): a bug", run.run_id, decision.detail)
+            await dead_letter(svc, delivery, message, decision.reason, decision.detail)
+            return
+        if isinstance(decision, CancelStale):
+            result = await cancel_stale(svc.store, run, now=now, skew=svc.skew)
+            if isinstance(result, CasConflict):
+                continue
+            await svc.store.append_event(run.run_id, "run_cancelled", {}, attempt=run.attempt)
+            await delivery.ack()
+            svc.metrics.delivery("ack", "cancelled")
+            return
+        if isinstance(decision, Refuse):
+            parked = await park_refusal(
+                svc.store,
+                run,
+                decision.kind,
+                decision.path,
+                decision.detail,
+                now=now,
+                skew=svc.skew,
+            )
+            if isinstance(parked, CasConflict):
+                continue
+            await _refusal_event(svc, parked, decision)
+            await delivery.ack()
+            svc.metrics.delivery("ack", f"refused_{decision.kind}")
+            return
+        assert isinstance(decision, Claim)
+        claimed = await claim(
+            svc.store,
+            run,
+            decision.path,
+            delivery.info,
+            owner=svc.owner,
+            now=now,
+            ttl=svc.ttl,
+            skew=svc.skew,
+        )
+        if isinstance(claimed, CasConflict):
+            svc.metrics.claims.labels(path=decision.path, outcome="lost").inc()
+            continue  # re-enter at step 2 (bounded)
+        svc.metrics.claims.labels(path=decision.path, outcome="won").inc()
+        svc.metrics.queue_wait.observe(max((now - message.published_at).total_seconds(), 0.0))
+        await _execute(svc, delivery, message, claimed, decision.path)
+        return
+    await _nak_transient(svc, delivery, "claim_lost")
+
+
+async def _refusal_event(svc: RunnerServices, doc: RunDocument, decision: Refuse) -> None:
+    if decision.kind == "budget":
+        await svc.store.append_event(
+            doc.run_id,
+            "run_paused",
+            {"kind": "budget", "code": doc.failure_code},
+            attempt=doc.attempt,
+        )
+    else:
+        await svc.store.append_event(
+            doc.run_id,
+            "run_failed",
+            {"code": doc.failure_code, "error": doc.error},
+            attempt=doc.attempt,
+        )
+
+
+async def _execute(
+    svc: RunnerServices, delivery: Delivery, message: RunMessage, run: RunDocument, path: str
+) -> None:
+    assert run.lease is not None
+    token = run.lease.token
+    cancel = CancelSignal()
+    events = EventLog(svc.store, run.run_id, run.attempt, token, cancel)
+    started = time.monotonic()
+    svc.metrics.inflight.inc()
+    try:
+        async with HeldLease(svc, run, delivery, cancel):
+            await events.emit("run_claimed", path=path, runner=svc.owner)
+            if run.checkpoint is not None:
+                await events.emit("run_workspace_reset")
+            execution = Execution(
+                store=svc.store,
+                run=run,
+                token=token,
+                driver=svc.driver,
+                settings=svc.engine,
+                cancel=cancel,
+                data_dir=svc.data_dir,
+                blobs=svc.blobs,
+                events=events,
+            )
+            outcome: Outcome
+            try:
+                outcome = await execution.run()
+            except Exception as exc:
+                log.exception("run %s: execution failed unexpectedly", run.run_id)
+                outcome = Failed(FailureCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            plan = await dispose_outcome(svc, delivery, message, execution, events, outcome)
+            svc.metrics.delivery(plan.action, plan.reason)
+    finally:
+        svc.metrics.inflight.dec()
+        svc.metrics.run_duration.labels(status="done").observe(time.monotonic() - started)

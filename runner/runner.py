@@ -1,0 +1,257 @@
+"""`Runner`: one process's consume loop and its companions (SPEC §5.1, §5.8).
+
+Shape (after temporal's `Worker._run`): one task per sub-loop — fetch, sweeper, backstop, the
+HTTP endpoints — then wait for the first failure or a stop, and shut down in order: stop
+fetching → drain the in-flight executions (each hands off, SPEC §5.6) → cancel the loops →
+drain the NATS connection. `shutdown()` is idempotent; `async with Runner(...)` works; signal
+handling lives only in `runfleet runner`'s entry point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from engine.config import EngineSettings
+from engine.outcome import CancelReason
+from engine.sandbox.protocols import SandboxDriver
+from publisher.config import WireSettings
+from publisher.connection import connect
+from publisher.dlq import DlqStore
+from publisher.publisher import Publisher
+from publisher.wire import WireNames
+from runner.backstop import Backstop
+from runner.config import RunnerSettings
+from runner.deliveries import Delivery
+from runner.delivery import handle
+from runner.health import HealthServer
+from runner.metrics import RunnerMetrics
+from runner.services import RunnerServices, default_owner
+from runner.supervisor import TaskGroup
+from runner.sweeper import Sweeper
+from store import BlobStore, RunfleetError, RunStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class ConsumerMismatch(RunfleetError):
+    code = "consumer_mismatch"
+    remedy = "run `runfleet streams ensure` with the same RUNFLEET_* settings as the runners"
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        driver: SandboxDriver,
+        data_dir: Path,
+        blobs: BlobStore | None = None,
+        settings: RunnerSettings | None = None,
+        engine: EngineSettings | None = None,
+        wire: WireSettings | None = None,
+        owner: str | None = None,
+        consume: bool = True,
+    ) -> None:
+        self.store = store
+        self.driver = driver
+        self.data_dir = data_dir
+        self.blobs = blobs
+        self.settings = settings or RunnerSettings()
+        self.engine = engine or EngineSettings()
+        self.wire = wire or WireSettings()
+        self.owner = owner or default_owner()
+        self.names = WireNames(self.wire.namespace)
+        self.consume = consume
+        self.metrics = RunnerMetrics()
+        self.svc: RunnerServices | None = None
+        self.http: HealthServer | None = None
+        self._nc: Client | None = None
+        self._tasks: TaskGroup | None = None
+        self._stop_fetching = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._shutdown_started = False
+        self.last_progress = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Runner:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def start(self) -> None:
+        nc, js = await connect(self.wire, name=f"runfleet-runner-{self.owner}")
+        self._nc = nc
+        await self._check_consumer(js)
+        dlq = DlqStore(js, self.names, self.blobs)
+        self.svc = RunnerServices(
+            store=self.store,
+            blobs=self.blobs,
+            nc=nc,
+            js=js,
+            names=self.names,
+            wire=self.wire,
+            engine=self.engine,
+            settings=self.settings,
+            driver=self.driver,
+            metrics=self.metrics,
+            publisher=Publisher(
+                store=self.store, nc=nc, js=js, settings=self.wire, names=self.names, dlq=dlq
+            ),
+            dlq=dlq,
+            data_dir=self.data_dir,
+            owner=self.owner,
+        )
+        self._tasks = TaskGroup()
+        await nc.subscribe(self.names.control_subject("*"), cb=self._on_control)
+        self.http = HealthServer(self)
+        await self.http.start(self.settings.http_host, self.settings.http_port)
+        if self.consume:
+            psub = await js.pull_subscribe_bind(self.names.consumer, stream=self.names.runs_stream)
+            self._tasks.spawn(self._fetch_loop(psub), name="loop:fetch", critical=True)
+        if self.settings.sweeper:
+            sweeper = Sweeper(self.svc)
+            self._tasks.spawn(sweeper.loop(), name="loop:sweeper", critical=True)
+        if self.settings.backstop:
+            backstop = Backstop(self.svc)
+            self._tasks.spawn(backstop.loop(), name="loop:backstop", critical=True)
+        log.info(
+            "runner %s started: %d slots, http :%s", self.owner, self.settings.slots, self.http.port
+        )
+
+    async def run(self) -> None:
+        """Run until `shutdown()` (or a crashed loop, which is re-raised after shutdown)."""
+        if self._tasks is None:
+            await self.start()
+        assert self._tasks is not None
+        failure = asyncio.ensure_future(self._tasks.first_failure())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait({failure, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if failure.done() and failure.exception() is not None:
+            await self.shutdown()
+            raise failure.exception()  # type: ignore[misc]
+        failure.cancel()
+
+    async def shutdown(self) -> None:
+        """Stop fetching, hand off in-flight executions (drain), stop the loops, drain NATS."""
+        if self._shutdown_started:
+            await self._stopped.wait()
+            return
+        self._shutdown_started = True
+        self._stop_fetching.set()
+        try:
+            if self.svc is not None:
+                self.svc.draining = True
+                for cancel in list(self.svc.executions.values()):
+                    cancel.cancel(CancelReason.DRAIN)
+            if self._tasks is not None:
+                deliveries = self._tasks.named("delivery:")
+                if deliveries:
+                    ceiling = self.engine.unwind_ceiling.total_seconds()
+                    await asyncio.wait(deliveries, timeout=ceiling)
+                await self._tasks.cancel_all(grace_s=5.0)
+            if self.http is not None:
+                await self.http.stop()
+            if self._nc is not None and not self._nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await self._nc.drain()
+        finally:
+            self._stopped.set()
+
+    # -- loops -------------------------------------------------------------------------------
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tasks.named("delivery:")) if self._tasks else 0
+
+    async def _fetch_loop(self, psub: JetStreamContext.PullSubscription) -> None:
+        assert self.svc is not None and self._tasks is not None
+        timeout = self.settings.fetch_timeout.total_seconds()
+        while not self._stop_fetching.is_set():
+            self.last_progress = time.monotonic()
+            free = self.settings.slots - self.inflight
+            self.metrics.free_slots.set(free)
+            if free <= 0:
+                self._slot_freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), timeout)
+                continue
+            try:
+                msgs = await psub.fetch(batch=free, timeout=timeout)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            except nats.errors.ConnectionClosedError:
+                if self._stop_fetching.is_set():
+                    return
+                raise
+            except nats.errors.Error as exc:
+                log.warning("fetch failed (%r); retrying", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop_fetching.wait(), timeout)
+                continue
+            for msg in msgs:
+                self._dispatch(msg)
+
+    def _dispatch(self, msg: Msg) -> None:
+        assert self.svc is not None and self._tasks is not None
+        delivery = Delivery.from_msg(msg, self.wire.max_deliver)
+        task = self._tasks.spawn(
+            handle(self.svc, delivery),
+            name=f"delivery:{delivery.info.stream_seq}",
+            critical=False,
+        )
+        task.add_done_callback(lambda _t: self._slot_freed.set())
+
+    async def _on_control(self, msg: Msg) -> None:
+        """A cancel signal is an accelerator only: act on it when the run document agrees
+        (the refresh read would see the same flag a beat later)."""
+        assert self.svc is not None
+        run_id = msg.subject.rsplit(".", 1)[-1]
+        cancel = self.svc.executions.get(run_id)
+        if cancel is None:
+            return
+        try:
+            run = await self.store.get_run(run_id)
+        except StoreError:
+            return
+        if run.cancel_requested:
+            cancel.cancel(CancelReason.OPERATOR)
+
+    async def _check_consumer(self, js: JetStreamContext) -> None:
+        info = await js.consumer_info(self.names.runs_stream, self.names.consumer)
+        want_wait = self.wire.effective_ack_wait.total_seconds()
+        cfg = info.config
+        problems: list[str] = []
+        if cfg.max_deliver != self.wire.max_deliver:
+            problems.append(f"max_deliver {cfg.max_deliver} != {self.wire.max_deliver}")
+        if cfg.ack_wait is None or abs(float(cfg.ack_wait) - want_wait) > 0.01:
+            problems.append(f"ack_wait {cfg.ack_wait} != {want_wait}")
+        if problems:
+            raise ConsumerMismatch(
+                f"consumer {self.names.consumer} contradicts this runner: {'; '.join(problems)}"
+            )
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner,
+            "inflight": self.inflight,
+            "slots": self.settings.slots,
+            "draining": bool(self.svc and self.svc.draining),
+            "since_progress_s": round(time.monotonic() - self.last_progress, 3),
+        }

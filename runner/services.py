@@ -1,0 +1,67 @@
+"""What every part of a runner shares: connections, stores, settings, metrics, the live
+executions' cancel signals. Built once by `Runner`, passed down explicitly (no globals)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from engine.cancel import CancelSignal
+from engine.config import EngineSettings
+from engine.sandbox.protocols import SandboxDriver
+from publisher.config import WireSettings
+from publisher.dlq import DlqStore
+from publisher.publisher import Publisher
+from publisher.wire import WireNames
+from runner.admission import AdmissionTiming
+from runner.config import RunnerSettings
+from runner.metrics import RunnerMetrics
+from store import BlobStore, RunStore
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class RunnerServices:
+    store: RunStore
+    blobs: BlobStore | None
+    nc: Client
+    js: JetStreamContext
+    names: WireNames
+    wire: WireSettings
+    engine: EngineSettings
+    settings: RunnerSettings
+    driver: SandboxDriver
+    metrics: RunnerMetrics
+    publisher: Publisher
+    dlq: DlqStore
+    data_dir: Path
+    owner: str = field(default_factory=default_owner)
+    executions: dict[str, CancelSignal] = field(default_factory=dict)
+    draining: bool = False
+
+    @property
+    def timing(self) -> AdmissionTiming:
+        lease = self.engine.lease_timing()
+        return AdmissionTiming(
+            skew=lease.skew,
+            lease_interval=lease.interval,
+            busy_last=self.engine.unwind_ceiling + lease.ttl,
+            lagging_delay=self.settings.lagging_delay,
+        )
+
+    @property
+    def ttl(self) -> timedelta:
+        return self.engine.lease_timing().ttl
+
+    @property
+    def skew(self) -> timedelta:
+        return self.engine.lease_timing().skew
