@@ -126,9 +126,11 @@ class Execution:
         if isinstance(node, HumanNode) and node_id in cp.outputs and cp.pending_interaction is None:
             # The fresh claim wrote the answers as this node's output (SPEC §5.3): they select
             # the outgoing edge; the node itself is not asked again.
+            nxt = await self._advance(node_id)
+            # Events are projections of what the checkpoint already holds: written after it,
+            # so an execution that lost its lease (the write raised) appends nothing.
             await self.events.emit("human_answers_recorded", node=node_id)
             await self.events.emit("node_finished", node=node_id, in_sandbox=False, answered=True)
-            nxt = await self._advance(node_id)
             if not isinstance(nxt, str):
                 return nxt
             node_id = nxt
@@ -153,6 +155,9 @@ class Execution:
                 cp.restart_node = node_id
                 cp.node_retries.pop(node_id, None)
                 await self.writer.write_checkpoint(cp)
+                await self.events.emit(
+                    "node_failed", node=node_id, code=result.code, error=result.error, retry=False
+                )
                 return Failed(result.code, result.error, node=node_id)
             stored = await self._store_output(node_id, result.output)
             if isinstance(stored, Failed):
@@ -166,8 +171,8 @@ class Execution:
             in_sandbox = isinstance(node, ToolNode)
             if in_sandbox:
                 cp.sandbox_progress = cp.progress + 1
-            await self.events.emit("node_finished", node=node_id, in_sandbox=in_sandbox)
             nxt = await self._advance(node_id)
+            await self.events.emit("node_finished", node=node_id, in_sandbox=in_sandbox)
             if not isinstance(nxt, str):
                 return nxt
             node_id = nxt
@@ -249,14 +254,13 @@ class Execution:
             if isinstance(result, NodeOk):
                 return result
             used = cp.node_retries.get(node_id, 0)
-            retry = used < node_retries_for(result.code, declared)
-            await self.events.emit(
-                "node_failed", node=node_id, code=result.code, error=result.error, retry=retry
-            )
-            if not retry:
-                return result
+            if used >= node_retries_for(result.code, declared):
+                return result  # the caller anchors the checkpoint, then says node_failed
             cp.node_retries[node_id] = used + 1
             await self.writer.write_checkpoint(cp)
+            await self.events.emit(
+                "node_failed", node=node_id, code=result.code, error=result.error, retry=True
+            )
             pause = node_retry_backoff(used + 1, base_s=float(backoff))
             if await self._race(asyncio.sleep(pause, result)) is None:
                 return None
