@@ -1,6 +1,13 @@
-"""Connecting to NATS, with its errors translated at this boundary (NatsUnavailable)."""
+"""Connecting to NATS, with its errors translated at this boundary (NatsUnavailable).
+
+nats-py applies `max_reconnect_attempts` to the *initial* connect too: with -1 (reconnect
+forever, what a long-lived runner wants) an unreachable server would hang every command. So the
+first connect gets a few attempts, and only once connected is reconnecting made unbounded.
+"""
 
 from __future__ import annotations
+
+import logging
 
 import nats
 from nats.aio.client import Client
@@ -9,6 +16,9 @@ from nats.js import JetStreamContext
 from publisher.config import WireSettings
 from publisher.errors import NatsUnavailable
 from store.url import redact
+
+log = logging.getLogger(__name__)
+INITIAL_CONNECT_ATTEMPTS = 3
 
 
 async def connect(
@@ -19,8 +29,10 @@ async def connect(
         "servers": [url],
         "name": name,
         "connect_timeout": 2,
-        "max_reconnect_attempts": -1,
+        "max_reconnect_attempts": INITIAL_CONNECT_ATTEMPTS,
+        "reconnect_time_wait": 0.5,
         "allow_reconnect": True,
+        "error_cb": _log_error,
     }
     if settings.nats_creds is not None:
         options["user_credentials"] = str(settings.nats_creds)
@@ -32,4 +44,9 @@ async def connect(
         nc = await nats.connect(**options)  # type: ignore[arg-type]
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         raise NatsUnavailable(f"cannot reach NATS at {redact(url)}: {exc!r}") from exc
+    nc.options["max_reconnect_attempts"] = -1  # connected: from now on, never give up
     return nc, nc.jetstream()
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("nats: %r", exc)
