@@ -14,6 +14,7 @@ import logging
 
 import nats.errors
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from engine.failures import FailureCode, is_auto_resumable
@@ -40,12 +41,16 @@ log = logging.getLogger(__name__)
 class Backstop:
     def __init__(self, svc: RunnerServices) -> None:
         self.svc = svc
+        self.psub: JetStreamContext.PullSubscription | None = None
+
+    async def subscribe(self) -> JetStreamContext.PullSubscription:
+        self.psub = await self.svc.js.pull_subscribe_bind(
+            self.svc.names.backstop_consumer, stream=self.svc.names.advisory_stream
+        )
+        return self.psub
 
     async def loop(self) -> None:
-        svc = self.svc
-        psub = await svc.js.pull_subscribe_bind(
-            svc.names.backstop_consumer, stream=svc.names.advisory_stream
-        )
+        psub = self.psub or await self.subscribe()
         while True:
             try:
                 msgs = await psub.fetch(batch=10, timeout=1.0)

@@ -81,6 +81,7 @@ class Runner:
         self._slot_freed = asyncio.Event()
         self._stopped = asyncio.Event()
         self._shutdown_started = False
+        self._pull_subs: list[JetStreamContext.PullSubscription] = []
         self.last_progress = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -127,6 +128,7 @@ class Runner:
             self._tasks.spawn(sweeper.loop(), name="loop:sweeper", critical=True)
         if self.settings.backstop:
             backstop = Backstop(self.svc)
+            self._pull_subs.append(await backstop.subscribe())
             self._tasks.spawn(backstop.loop(), name="loop:backstop", critical=True)
         log.info(
             "runner %s started: %d slots, http :%s", self.owner, self.settings.slots, self.http.port
@@ -169,6 +171,11 @@ class Runner:
             if self.http is not None:
                 await self.http.stop()
             if self._nc is not None and not self._nc.is_closed:
+                # A pull subscription never drains by itself (nats-py waits out the whole
+                # drain timeout): unsubscribe them first, then drain the rest.
+                for psub in self._pull_subs:
+                    with contextlib.suppress(Exception):
+                        await psub.unsubscribe()
                 with contextlib.suppress(Exception):
                     await self._nc.drain()
         finally:

@@ -54,6 +54,7 @@ from store.models import (
     InteractionStatus,
     LockRecord,
     RunDocument,
+    RunStatus,
     StagedUpload,
 )
 from store.protocols import RunPage, RunQuery
@@ -381,6 +382,18 @@ class MongoRunStore:
         runs = [self._run(raw) for raw in raws]
         full = query.limit > 0 and len(runs) == query.limit
         return RunPage(runs=runs, next_after=runs[-1].run_id if full else None)
+
+    async def status_counts(self, tenant: str | None = None) -> dict[RunStatus, int]:
+        """One `count_documents` per status (no awaited `aggregate`: mongomock lacks it)."""
+        counts: dict[RunStatus, int] = {}
+        for status in RunStatus:
+            flt: Doc = {"status": status.value}
+            if tenant is not None:
+                flt["tenant"] = tenant
+            n = await self._io("count runs", self._runs.count_documents, flt)
+            if n:
+                counts[status] = int(n)
+        return counts
 
     async def delete_run(self, run_id: str) -> bool:
         """Projections first: if this stops half-way the run is still there for `gc` to find."""

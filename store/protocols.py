@@ -73,6 +73,10 @@ class RunStore(Protocol):
         """Runs matching `query`, ordered by `run_id`, at most `query.limit`."""
         ...
 
+    async def status_counts(self, tenant: str | None = None) -> dict[RunStatus, int]:
+        """How many runs are in each status (statuses with none are absent): the live view."""
+        ...
+
     async def delete_run(self, run_id: str) -> bool:
         """Remove a run with its events and interactions (`gc`). True if it existed."""
         ...

@@ -35,6 +35,7 @@ from store.models import (
     Interaction,
     InteractionStatus,
     RunDocument,
+    RunStatus,
     StagedUpload,
 )
 from store.protocols import RunPage, RunQuery
@@ -255,6 +256,14 @@ class SqliteRunStore:
         runs = [decode(RunDocument, _loads(d, "run", r), what="run", ident=r) for r, d in rows]
         next_after = runs[-1].run_id if len(runs) == query.limit and runs else None
         return RunPage(runs=runs, next_after=next_after)
+
+    async def status_counts(self, tenant: str | None = None) -> dict[RunStatus, int]:
+        sql = "SELECT status, COUNT(*) FROM runs"
+        args: tuple[str, ...] = ()
+        if tenant is not None:
+            sql, args = sql + " WHERE tenant = ?", (tenant,)
+        rows = await self._call(lambda c: c.execute(sql + " GROUP BY status", args).fetchall())
+        return {RunStatus(status): int(n) for status, n in rows}
 
     async def delete_run(self, run_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:

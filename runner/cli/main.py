@@ -271,6 +271,47 @@ async def streams_ensure_cmd(as_json: bool) -> None:
         click.echo(f"updated: {', '.join(report.updated) or '-'}")
 
 
+@cli.command("up")
+@click.option("--runners", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--slots", type=click.IntRange(1, 10_000), default=8, show_default=True)
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), help="RUNFLEET_DATA")
+@click.option("--no-view", is_flag=True, help="no live view (a status line every 10 s)")
+@command
+async def up_cmd(runners: int, slots: int, data: Path | None, no_view: bool) -> None:
+    """Run the embedded fleet: local nats-server, SQLite store, N runner processes."""
+    import os
+    import signal
+
+    from runner.cli.live import live_view
+    from runner.embedded import EmbeddedFleet
+
+    if data is not None:
+        os.environ["RUNFLEET_DATA"] = str(data)
+    async with open_env(data) as env:
+        fleet = EmbeddedFleet(data=env.data_dir, runners=runners, slots=slots, store=env.store)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, fleet.request_stop)
+        try:
+            await fleet.start()
+            click.echo(
+                f"runfleet up: {runners} runners x {slots} slots, NATS {fleet.nats_url},"
+                f" data {env.data_dir}\n  in another shell: runfleet launch examples/hello.yaml"
+                "\n  Ctrl-C drains the runners and stops the fleet",
+                err=True,
+            )
+            supervise = asyncio.ensure_future(fleet.supervise())
+            view = asyncio.ensure_future(live_view(fleet, interactive=not no_view))
+            await fleet.wait_stop_requested()
+            view.cancel()
+            click.echo("\nstopping: draining runners (in-flight runs are handed off)...", err=True)
+        finally:
+            grace = env.engine.unwind_ceiling.total_seconds() + 30
+            await fleet.shutdown(grace)
+        await supervise
+        click.echo("fleet stopped", err=True)
+
+
 @cli.command("runner")
 @click.option("--slots", type=click.IntRange(1, 10_000), help="concurrent deliveries")
 @click.option("--http-port", type=click.IntRange(0, 65535), help="health/metrics port")

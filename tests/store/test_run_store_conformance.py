@@ -891,3 +891,17 @@ async def test_sqlite_document_that_is_not_json_raises_store_corrupt(
             await store.get_run(doc.run_id)
     finally:
         await store.close()
+
+
+async def test_status_counts_count_runs_per_status_and_tenant(
+    run_store: RunStore, make_run: MakeRun
+) -> None:
+    from store import RunStatus as S
+
+    await run_store.create_run(make_run())
+    await run_store.create_run(make_run())
+    await run_store.create_run(make_run(tenant="other"))
+    counts = await run_store.status_counts()
+    assert counts == {S.QUEUED: 3}
+    assert await run_store.status_counts(tenant="other") == {S.QUEUED: 1}
+    assert await run_store.status_counts(tenant="nobody") == {}
