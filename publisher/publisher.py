@@ -315,6 +315,11 @@ class Publisher:
         if not record.replayable or record.run_id is None:
             raise RecordNotReplayable(f"DLQ record {record_id} has no run to resume")
         run = await self._get(record.run_id, tenant)
+        if record.attempt is not None and run.attempt == record.attempt + 1:
+            if await self._replayed(run.run_id, run.attempt):
+                # A bulk replay that died between its publish and this delete: finish it.
+                await self.dlq.delete(record_id)
+                return run
         if record.attempt != run.attempt:
             raise StaleRecord(
                 f"DLQ record {record_id} is for attempt {record.attempt}; run {run.run_id} is"
@@ -323,6 +328,22 @@ class Publisher:
         doc = await self.resume(run.run_id, ResumeRequest(), tenant=tenant, kind="replay")
         await self.dlq.delete(record_id)
         return doc
+
+    async def _replayed(self, run_id: str, attempt: int) -> bool:
+        """Whether `attempt` was queued by a replay (its `run_queued` event says so)."""
+        after = 0
+        while True:
+            events = await self.store.read_events(run_id, after_seq=after, limit=500)
+            for event in events:
+                if (
+                    event.type == "run_queued"
+                    and event.data.get("kind") == "replay"
+                    and event.data.get("attempt") == attempt
+                ):
+                    return True
+            if len(events) < 500:
+                return False
+            after = events[-1].seq
 
     # -- cancel ------------------------------------------------------------------------------
 

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
-import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -17,43 +15,16 @@ from engine.loader import load_workflow_file
 from engine.local import LocalEnv, resume_local, run_local
 from engine.resume import ResumeRequest
 from engine.rewind import rewind
-from publisher import NatsUnavailable, WireNames, WireSettings, connect, ensure_streams
+from publisher import WireNames, WireSettings, connect, ensure_streams
 from runner.cli.context import open_env
-from runner.cli.errors import EXIT_OTHER, fail, register_unreachable
+from runner.cli.dlq import dlq_group
+from runner.cli.runtime import command, json_option
 from runner.cli.views import echo_json, echo_run, event_line, run_view
-from store import Budget, Event, RunfleetError, RunQuery, RunStatus
+from store import Budget, Event, RunfleetError, RunQuery, RunStatus, utcnow
 from store.timeutil import parse_duration
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-register_unreachable(NatsUnavailable)
-
-json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document")
-
-
-def command(fn: Callable[P, Awaitable[None]]) -> Callable[P, None]:
-    """Run an async command; translate runfleet errors into SPEC §10's output and exit codes."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
-        as_json = bool(kwargs.get("as_json", False))
-        try:
-            asyncio.run(fn(*args, **kwargs))  # type: ignore[arg-type]
-        except RunfleetError as exc:
-            fail(exc, as_json=as_json)
-        except click.ClickException:
-            raise
-        except KeyboardInterrupt:
-            sys.exit(130)
-        except Exception as exc:  # noqa: BLE001 - the last line of defence prints, exit 1
-            if as_json:
-                click.echo(json.dumps({"error": {"code": "internal", "message": repr(exc)}}))
-            else:
-                click.echo(f"error [internal]: {exc!r}", err=True)
-            sys.exit(EXIT_OTHER)
-
-    return wrapper
 
 
 def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
@@ -220,6 +191,9 @@ async def resume_cmd(
         )
         doc = await resume_local(local_env, run_id, request, auto_resume=auto_resume)
     echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+cli.add_command(dlq_group)
 
 
 @cli.command("launch")
@@ -402,7 +376,6 @@ async def runs_cmd(
     as_json: bool,
 ) -> None:
     """List runs, oldest first, a page at a time."""
-    from store import utcnow
 
     created_since = utcnow() - parse_duration(since) if since else None
     async with open_env() as env:
@@ -432,18 +405,84 @@ async def runs_cmd(
 @cli.command("events")
 @click.argument("run_id")
 @click.option("--after", type=int, default=0, help="only events after this seq")
+@click.option("--follow", "-f", is_flag=True, help="keep printing until the run stops moving")
 @json_option
 @command
-async def events_cmd(run_id: str, after: int, as_json: bool) -> None:
-    """Print a run's events."""
+async def events_cmd(run_id: str, after: int, follow: bool, as_json: bool) -> None:
+    """Print a run's events (with --follow, as they happen)."""
+    moving = {RunStatus.QUEUED, RunStatus.RUNNING}
+    collected: list[Event] = []
     async with open_env() as env:
         await env.store.get_run(run_id)
-        events = await env.store.read_events(run_id, after_seq=after, limit=100_000)
+        while True:
+            events = await env.store.read_events(run_id, after_seq=after, limit=10_000)
+            if events:
+                after = events[-1].seq
+                collected.extend(events)
+                if not as_json:
+                    for event in events:
+                        click.echo(event_line(event))
+            if not follow:
+                break
+            run = await env.store.get_run(run_id)
+            if run.status not in moving and not events:
+                break  # settled, and nothing new since the last read
+            await asyncio.sleep(0.5)
     if as_json:
-        echo_json({"events": [e.model_dump(mode="json") for e in events]})
-        return
-    for event in events:
-        click.echo(event_line(event))
+        echo_json({"events": [e.model_dump(mode="json") for e in collected]})
+
+
+@cli.command("gc")
+@click.option("--older-than", required=True, metavar="D", help="e.g. 30d")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@json_option
+@command
+async def gc_cmd(older_than: str, yes: bool, as_json: bool) -> None:
+    """Delete settled runs (finished, failed, cancelled) not updated for D, with their events
+    and blobs; DLQ records and staged uploads older than D."""
+    from store.staging import StagingStore
+
+    age = parse_duration(older_than)
+    cutoff = utcnow() - age
+    settled = [RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED]
+    async with open_env() as env:
+        victims: list[str] = []
+        after: str | None = None
+        while True:
+            page = await env.store.list_runs(
+                RunQuery(statuses=settled, updated_before=cutoff, after_run_id=after, limit=500)
+            )
+            victims.extend(r.run_id for r in page.runs)
+            if page.next_after is None:
+                break
+            after = page.next_after
+        if (
+            victims
+            and not yes
+            and not as_json
+            and not click.confirm(
+                f"delete {len(victims)} run(s) older than {older_than}?", err=True
+            )
+        ):
+            raise click.Abort()
+        for run_id in victims:
+            for blob in await env.blobs.list(f"runs/{run_id}/"):
+                await env.blobs.delete(blob.key)
+            await env.store.delete_run(run_id)
+        uploads = await StagingStore(env.store, env.blobs).reap(age, utcnow())
+        dlq_removed = 0
+        try:
+            async with env.publisher() as pub:
+                assert pub.dlq is not None
+                for record in await pub.dlq.list(older_than=cutoff):
+                    dlq_removed += int(await pub.dlq.delete(record.id))
+        except RunfleetError as exc:
+            click.echo(f"DLQ not collected: {exc.message}", err=True)
+    report = {"runs": len(victims), "staged_uploads": uploads, "dlq_records": dlq_removed}
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(", ".join(f"{k}: {v}" for k, v in report.items()))
 
 
 @cli.command("rewind")

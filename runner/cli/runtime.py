@@ -1,0 +1,49 @@
+"""What every command shares: async execution, `--json`, and SPEC §10's errors and exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec
+
+import click
+
+from publisher import NatsUnavailable
+from runner.cli.errors import EXIT_OTHER, fail, register_unreachable
+from runner.cli.views import echo_json
+from store import RunfleetError
+
+P = ParamSpec("P")
+
+__all__ = ["command", "echo_json", "json_option"]
+
+register_unreachable(NatsUnavailable)
+
+json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document")
+
+
+def command(fn: Callable[P, Awaitable[None]]) -> Callable[P, None]:
+    """Run an async command; translate runfleet errors into SPEC §10's output and exit codes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        as_json = bool(kwargs.get("as_json", False))
+        try:
+            asyncio.run(fn(*args, **kwargs))  # type: ignore[arg-type]
+        except RunfleetError as exc:
+            fail(exc, as_json=as_json)
+        except click.ClickException:
+            raise
+        except KeyboardInterrupt:
+            sys.exit(130)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence prints, exit 1
+            if as_json:
+                click.echo(json.dumps({"error": {"code": "internal", "message": repr(exc)}}))
+            else:
+                click.echo(f"error [internal]: {exc!r}", err=True)
+            sys.exit(EXIT_OTHER)
+
+    return wrapper
