@@ -1,4 +1,4 @@
-"""Every write an execution makes, with the conditions of SPEC §2 (invariant §13.1).
+"""Every write an execution makes, with the conditions of SPEC §2 (invariant §13.1, ADR-0006).
 
 - status and checkpoint writes: `lease.token == mine ∧ attempt == lease.attempt` (plus the status
   expected; a status other than `finished` also needs `cancel_requested` unset — on that conflict

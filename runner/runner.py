@@ -1,4 +1,4 @@
-"""`Runner`: one process's consume loop and its companions (SPEC §5.1, §5.8).
+"""`Runner`: one process's consume loop and its companions (SPEC §5.1, §5.8, ADR-0007).
 
 Shape (after temporal's `Worker._run`): one task per sub-loop — fetch, sweeper, backstop, the
 HTTP endpoints — then wait for the first failure or a stop, and shut down in order: stop

@@ -1,4 +1,4 @@
-"""`RunStore` on MongoDB (SPEC §9), through PyMongo's async client.
+"""`RunStore` on MongoDB (SPEC §9), through PyMongo's async client (ADR-0002, ADR-0008).
 
 Only single-document atomic operations, and only the API subset `mongomock-motor` also serves, so
 the same code runs on a standalone `mongod` (no replica set, no transactions) and in the
