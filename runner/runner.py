@@ -20,6 +20,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from engine.config import EngineSettings
 from engine.outcome import CancelReason
@@ -241,7 +242,12 @@ class Runner:
             cancel.cancel(CancelReason.OPERATOR)
 
     async def _check_consumer(self, js: JetStreamContext) -> None:
-        info = await js.consumer_info(self.names.runs_stream, self.names.consumer)
+        try:
+            info = await js.consumer_info(self.names.runs_stream, self.names.consumer)
+        except NotFoundError:
+            raise ConsumerMismatch(
+                f"no consumer {self.names.consumer} on stream {self.names.runs_stream}"
+            ) from None
         want_wait = self.wire.effective_ack_wait.total_seconds()
         cfg = info.config
         problems: list[str] = []
