@@ -121,6 +121,10 @@ class Execution:
         if stopped:
             log.info("run %s: stopped sandboxes of earlier executions: %s", self.run_id, stopped)
         cp = self.checkpoint
+        if self.run_doc.checkpoint is not None and cp.restart_node is None and cp.progress > 0:
+            # The last boundary was written and nothing is left to run: an adoption after the
+            # final checkpoint (the status write was lost) must not start again at `entry`.
+            return Finished()
         node_id = cp.restart_node or self.workflow.entry
         node = self.workflow.nodes[node_id]
         if isinstance(node, HumanNode) and node_id in cp.outputs and cp.pending_interaction is None:

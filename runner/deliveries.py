@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
+from publisher.wire import RunMessage
 from runner.admission import DeliveryInfo
 
 
@@ -16,6 +17,8 @@ class Delivery:
     msg: Msg
     info: DeliveryInfo
     disposed: str | None = field(default=None)
+    message: RunMessage | None = field(default=None)
+    """Set once decoded, so a last-resort DLQ record still names its run."""
 
     @classmethod
     def from_msg(cls, msg: Msg, max_deliver: int) -> Delivery:

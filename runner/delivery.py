@@ -43,7 +43,7 @@ async def handle(svc: RunnerServices, delivery: Delivery) -> None:
 async def _last_resort(svc: RunnerServices, delivery: Delivery, exc: Exception) -> None:
     try:
         if delivery.info.is_last:
-            await dead_letter(svc, delivery, None, "internal_error", repr(exc))
+            await dead_letter(svc, delivery, delivery.message, "internal_error", repr(exc))
         else:
             await _nak_transient(svc, delivery, "internal_error")
     except Exception:
@@ -95,7 +95,7 @@ async def _handle(svc: RunnerServices, delivery: Delivery) -> None:
         return
     # Step 1: decode and validate.
     try:
-        message = decode(delivery.data, delivery.headers)
+        message = delivery.message = decode(delivery.data, delivery.headers)
     except MalformedMessage as exc:
         await dead_letter(svc, delivery, None, "malformed", exc.message, replayable=False)
         return
@@ -250,6 +250,6 @@ async def _execute(
                 outcome = Failed(FailureCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
             plan = await dispose_outcome(svc, delivery, message, execution, events, outcome)
             svc.metrics.delivery(plan.action, plan.reason)
+            svc.metrics.run_duration.labels(status=plan.reason).observe(time.monotonic() - started)
     finally:
         svc.metrics.inflight.dec()
-        svc.metrics.run_duration.labels(status="done").observe(time.monotonic() - started)

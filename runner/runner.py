@@ -84,6 +84,7 @@ class Runner:
         self._shutdown_started = False
         self._pull_subs: list[JetStreamContext.PullSubscription] = []
         self.last_progress = time.monotonic()
+        self._ack_pending_read = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -123,6 +124,7 @@ class Runner:
         await self.http.start(self.settings.http_host, self.settings.http_port)
         if self.consume:
             psub = await js.pull_subscribe_bind(self.names.consumer, stream=self.names.runs_stream)
+            self._pull_subs.append(psub)
             self._tasks.spawn(self._fetch_loop(psub), name="loop:fetch", critical=True)
         if self.settings.sweeper:
             sweeper = Sweeper(self.svc)
@@ -215,6 +217,18 @@ class Runner:
                 continue
             for msg in msgs:
                 self._dispatch(msg)
+            if time.monotonic() - self._ack_pending_read > 5.0:
+                await self._read_ack_pending()
+
+    async def _read_ack_pending(self) -> None:
+        """`num_ack_pending` for the metrics (a cheap consumer-info read every few seconds)."""
+        self._ack_pending_read = time.monotonic()
+        assert self.svc is not None
+        try:
+            info = await self.svc.js.consumer_info(self.names.runs_stream, self.names.consumer)
+        except (nats.errors.Error, TimeoutError):
+            return
+        self.metrics.ack_pending.set(info.num_ack_pending or 0)
 
     def _dispatch(self, msg: Msg) -> None:
         assert self.svc is not None and self._tasks is not None
