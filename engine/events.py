@@ -3,6 +3,7 @@ of SPEC §6.3. Events are projections: after the lease is lost nothing more is a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -27,13 +28,24 @@ class EventLog:
         self.execution = execution
         self._cancel = cancel
         self._listener = listener
+        self.deadline: Callable[[], float] | None = None
+        """Seconds the lease has left (set by the lease holder): an append still pending when
+        they run out is abandoned, so a stalled execution's narration cannot land after an
+        adopter's claim."""
 
     async def emit(self, type: str, **data: Any) -> Event | None:
         if self._cancel is not None and self._cancel.reason is CancelReason.LEASE_LOST:
             return None
-        event = await self.store.append_event(
+        append = self.store.append_event(
             self.run_id, type, data, attempt=self.attempt, execution=self.execution
         )
+        if self.deadline is None:
+            event = await append
+        else:
+            try:
+                event = await asyncio.wait_for(append, timeout=max(self.deadline(), 0.001))
+            except TimeoutError:
+                return None
         if self._listener is not None:
             self._listener(event)
         return event

@@ -67,6 +67,10 @@ class LeaseKeeper:
     def stop(self) -> None:
         self._stop.set()
 
+    def seconds_left(self) -> float:
+        """Until the loss margin: past it, nothing this execution starts may land."""
+        return (self.expires_at - self.timing.loss_margin - utcnow()).total_seconds()
+
     async def _pause(self, seconds: float) -> bool:
         """Wait `seconds` or until stopped; True when stopped."""
         with contextlib.suppress(TimeoutError):
@@ -90,18 +94,24 @@ class LeaseKeeper:
         while True:
             new_expiry = utcnow() + self.timing.ttl
             started = time.monotonic()
+            # A refresh that never answers must not hold the lease forever: each try is
+            # bounded by the time left before the loss margin.
+            left = max((deadline - utcnow()).total_seconds(), 0.0)
             try:
-                result = await self.store.update_run(
-                    self.run_id,
-                    [Eq("lease.token", self.token)],
-                    Update(set={"lease.expires_at": new_expiry}, bump_version=False),
+                result = await asyncio.wait_for(
+                    self.store.update_run(
+                        self.run_id,
+                        [Eq("lease.token", self.token)],
+                        Update(set={"lease.expires_at": new_expiry}, bump_version=False),
+                    ),
+                    timeout=min(left, self.timing.interval.total_seconds()) or 0.001,
                 )
-            except StoreError as exc:
+            except (StoreError, TimeoutError) as exc:
                 if utcnow() >= deadline:
                     log.error("run %s: lease lost, refreshes failed until the margin", self.run_id)
                     self.cancel.cancel(CancelReason.LEASE_LOST)
                     return False
-                log.warning("run %s: lease refresh failed (%s); retrying", self.run_id, exc)
+                log.warning("run %s: lease refresh failed (%r); retrying", self.run_id, exc)
                 remaining = (deadline - utcnow()).total_seconds()
                 if await self._pause(min(backoff, max(remaining, 0.0))):
                     return True

@@ -194,6 +194,7 @@ async def execute_claimed(env: LocalEnv, run: RunDocument, token: str) -> RunDoc
     keeper = LeaseKeeper(
         env.store, run.run_id, token, run.lease.expires_at, env.settings.lease_timing(), cancel
     )
+    events.deadline = keeper.seconds_left
     keeper_task = asyncio.ensure_future(keeper.run())
     try:
         outcome = await execution.run()

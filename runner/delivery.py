@@ -227,7 +227,8 @@ async def _execute(
     started = time.monotonic()
     svc.metrics.inflight.inc()
     try:
-        async with HeldLease(svc, run, delivery, cancel):
+        async with HeldLease(svc, run, delivery, cancel) as held:
+            events.deadline = held.keeper.seconds_left
             await events.emit("run_claimed", path=path, runner=svc.owner)
             if run.checkpoint is not None:
                 await events.emit("run_workspace_reset")

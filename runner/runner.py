@@ -154,7 +154,11 @@ class Runner:
         failure.cancel()
 
     async def shutdown(self) -> None:
-        """Stop fetching, hand off in-flight executions (drain), stop the loops, drain NATS."""
+        """Stop fetching, hand off in-flight executions (drain), stop the loops, drain NATS.
+
+        Fetching stops *before* any execution is cancelled: a draining runner must not fetch the
+        handoff message it is about to publish (the next runner's first delivery of the new
+        attempt has to be a first delivery, SPEC §5.6)."""
         if self._shutdown_started:
             await self._stopped.wait()
             return
@@ -162,7 +166,15 @@ class Runner:
         self._stop_fetching.set()
         try:
             if self.svc is not None:
-                self.svc.draining = True
+                self.svc.draining = True  # anything still fetched is nak'd (1 s)
+            if self._tasks is not None:
+                self._tasks.closing = True
+                fetch = self._tasks.named("loop:fetch")
+                if fetch:
+                    grace = self.settings.fetch_timeout.total_seconds() + 5.0
+                    await asyncio.wait(fetch, timeout=grace)
+            await self._unsubscribe_pulls()
+            if self.svc is not None:
                 for cancel in list(self.svc.executions.values()):
                     cancel.cancel(CancelReason.DRAIN)
             if self._tasks is not None:
@@ -174,15 +186,19 @@ class Runner:
             if self.http is not None:
                 await self.http.stop()
             if self._nc is not None and not self._nc.is_closed:
-                # A pull subscription never drains by itself (nats-py waits out the whole
-                # drain timeout): unsubscribe them first, then drain the rest.
-                for psub in self._pull_subs:
-                    with contextlib.suppress(Exception):
-                        await psub.unsubscribe()
+                await self._unsubscribe_pulls()
                 with contextlib.suppress(Exception):
                     await self._nc.drain()
         finally:
             self._stopped.set()
+
+    async def _unsubscribe_pulls(self) -> None:
+        """A pull subscription never drains by itself (nats-py waits out the whole drain
+        timeout), and an unsubscribed one receives no more messages: drop them first."""
+        subs, self._pull_subs = self._pull_subs, []
+        for psub in subs:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
 
     # -- loops -------------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ class TaskGroup:
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.closing = False
+        """Set by the owner's shutdown: from then on a loop that returns is not a failure."""
         self._failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
     def spawn(
@@ -32,8 +34,11 @@ class TaskGroup:
                 return
             exc = t.exception()
             if exc is None:
-                if critical and not self._failed.done():
+                if critical and not self.closing and not self._failed.done():
                     self._failed.set_exception(RuntimeError(f"loop {name} returned"))
+                return
+            if self.closing:
+                log.debug("task %s ended during shutdown: %r", name, exc)
                 return
             log.error("task %s failed: %r", name, exc, exc_info=exc)
             if critical and not self._failed.done():

@@ -126,6 +126,15 @@ class Fleet:
 
         return await eventually(probe, within=within)
 
+    async def queue_drained(self, within: float = 10.0) -> bool:
+        """Poll until the work stream is empty: an ack follows the status write, and is
+        fire-and-forget unless it is a last delivery's."""
+
+        async def empty() -> bool:
+            return await self.stream_messages() == 0
+
+        return await eventually(empty, within=within)
+
     async def stream_messages(self) -> int:
         info = await self.js.stream_info(self.names.runs_stream)
         return int(info.state.messages)

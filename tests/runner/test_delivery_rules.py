@@ -204,7 +204,7 @@ async def test_second_message_for_the_attempt_of_a_live_execution_is_acked_as_du
     assert "run_dlq_parked" not in types
     assert types.count("run_claimed") == 1
     assert entered(gates, run.run_id) == [1]
-    assert await fleet.stream_messages() == 0
+    assert await fleet.queue_drained()
 
 
 async def test_redelivery_while_owner_lives_is_nakd_one_lease_interval(fleet: Fleet) -> None:

@@ -114,7 +114,7 @@ async def test_transient_code_with_deliveries_left_is_failed_resumable_and_nakd_
     assert calls(gates, run.run_id) == [1, 1, 1]  # one attempt, three deliveries
     assert deliveries(runner, "nak", "transient") == 2
     assert done.failure_code is None and done.attempt == 1
-    assert await fleet.stream_messages() == 0
+    assert await fleet.queue_drained()
 
 
 async def test_transient_code_with_a_fixed_delay_waits_it_out_failed_resumable(
@@ -153,7 +153,7 @@ async def test_deterministic_code_is_acked_failed_with_exactly_one_retry_skipped
     ]
     assert await events_of(fleet, run.run_id, "run_retry_scheduled") == []
     await reaches(runner, "ack", "failed")
-    assert await fleet.stream_messages() == 0
+    assert await fleet.queue_drained()
     assert calls(gates, run.run_id) == [1]
 
 
@@ -171,7 +171,7 @@ async def test_deliberate_failure_is_acked_with_retry_skipped_deliberate(
     skipped = await events_of(fleet, run.run_id, "run_retry_skipped")
     assert [e.data for e in skipped] == [{"reason": "deliberate", "code": "BOT_REFUSED"}]
     await reaches(runner, "ack", str(status))
-    assert await fleet.stream_messages() == 0
+    assert await fleet.queue_drained()
     assert len(await events_of(fleet, run.run_id, "run_claimed")) == 1  # never auto-retried
 
 
@@ -384,7 +384,7 @@ async def test_store_unreachable_at_the_status_write_is_nakd_never_termed(
     claims = await events_of(fleet, run.run_id, "run_claimed")
     assert [e.data["path"] for e in claims] == ["fresh", "adoption"]  # redelivered, not termed
     assert done.lease is None
-    assert await fleet.stream_messages() == 0
+    assert await fleet.queue_drained()
 
 
 async def test_adoption_after_the_final_checkpoint_does_not_rerun_completed_nodes(

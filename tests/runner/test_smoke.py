@@ -23,5 +23,5 @@ async def test_launched_run_is_claimed_fresh_finished_and_acked(fleet: Fleet) ->
     events = [e.type for e in await fleet.store.read_events(run.run_id)]
     assert events[:3] == ["run_launched", "run_queued", "run_claimed"] or "run_claimed" in events
     assert events[-1] == "run_finished"
-    assert await fleet.stream_messages() == 0  # work-queue: acked means gone
+    assert await fleet.queue_drained()  # work-queue: acked means gone
     assert runner.metrics.claims.labels(path="fresh", outcome="won")._value.get() == 1

@@ -220,7 +220,7 @@ async def test_sweeper_never_republishes_local_runs(fleet: Fleet, sweeper: Sweep
     assert dict(report.actions) == {}
     for run in local:
         assert await fleet.store.get_run(run.run_id) == run
-    assert await fleet.stream_messages() == 0
+    assert await fleet.queue_drained()
 
 
 # -- one pass at a time ---------------------------------------------------------------------------
