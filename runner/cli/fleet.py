@@ -1,0 +1,211 @@
+"""Commands on the fleet: up, runner, sweep, streams ensure, gc."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from publisher import WireNames, WireSettings, connect, ensure_streams
+from runner.cli.context import open_env
+from runner.cli.runtime import command, json_option
+from runner.cli.views import echo_json
+from store import RunfleetError, RunQuery, RunStatus, utcnow
+from store.timeutil import parse_duration
+
+
+@click.group("streams")
+def streams_group() -> None:
+    """JetStream streams and consumers."""
+
+
+@streams_group.command("ensure")
+@json_option
+@command
+async def streams_ensure_cmd(as_json: bool) -> None:
+    """Create or update the streams and consumers of the wire contract (idempotent)."""
+    wire = WireSettings()
+    nc, js = await connect(wire, name="runfleet-streams")
+    try:
+        report = await ensure_streams(js, WireNames(wire.namespace), wire)
+    finally:
+        await nc.close()
+    if as_json:
+        echo_json({"created": report.created, "updated": report.updated})
+    else:
+        click.echo(f"created: {', '.join(report.created) or '-'}")
+        click.echo(f"updated: {', '.join(report.updated) or '-'}")
+
+
+@click.command("up")
+@click.option("--runners", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--slots", type=click.IntRange(1, 10_000), default=8, show_default=True)
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), help="RUNFLEET_DATA")
+@click.option("--no-view", is_flag=True, help="no live view (a status line every 10 s)")
+@command
+async def up_cmd(runners: int, slots: int, data: Path | None, no_view: bool) -> None:
+    """Run the embedded fleet: local nats-server, SQLite store, N runner processes."""
+    import os
+    import signal
+
+    from runner.cli.live import live_view
+    from runner.embedded import EmbeddedFleet
+
+    if data is not None:
+        os.environ["RUNFLEET_DATA"] = str(data)
+    async with open_env(data) as env:
+        fleet = EmbeddedFleet(data=env.data_dir, runners=runners, slots=slots, store=env.store)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, fleet.request_stop)
+        try:
+            await fleet.start()
+            click.echo(
+                f"runfleet up: {runners} runners x {slots} slots, NATS {fleet.nats_url},"
+                f" data {env.data_dir}\n  in another shell: runfleet launch examples/hello.yaml"
+                "\n  Ctrl-C drains the runners and stops the fleet",
+                err=True,
+            )
+            supervise = asyncio.ensure_future(fleet.supervise())
+            view = asyncio.ensure_future(live_view(fleet, interactive=not no_view))
+            await fleet.wait_stop_requested()
+            view.cancel()
+            click.echo("\nstopping: draining runners (in-flight runs are handed off)...", err=True)
+        finally:
+            grace = env.engine.unwind_ceiling.total_seconds() + 30
+            await fleet.shutdown(grace)
+        await supervise
+        click.echo("fleet stopped", err=True)
+
+
+@click.command("runner")
+@click.option("--slots", type=click.IntRange(1, 10_000), help="concurrent deliveries")
+@click.option("--http-port", type=click.IntRange(0, 65535), help="health/metrics port")
+@command
+async def runner_cmd(slots: int | None, http_port: int | None) -> None:
+    """Run one runner process until SIGTERM or Ctrl-C, then drain (hand off) and exit 0."""
+    import signal
+
+    from runner.config import RunnerSettings
+    from runner.runner import Runner
+
+    overrides: dict[str, Any] = {}
+    if slots is not None:
+        overrides["slots"] = slots
+    if http_port is not None:
+        overrides["http_port"] = http_port
+    settings = RunnerSettings(**overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    async with open_env() as env:
+        runner = Runner(
+            store=env.store,
+            driver=env.driver(),
+            data_dir=env.data_dir,
+            blobs=env.blobs,
+            settings=settings,
+            engine=env.engine,
+            wire=WireSettings(data=env.settings.data),
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(runner.shutdown()))
+        await runner.start()
+        assert runner.http is not None
+        click.echo(
+            f"runner {runner.owner}: {settings.slots} slots, http :{runner.http.port}", err=True
+        )
+        await runner.run()
+
+
+@click.command("sweep")
+@json_option
+@command
+async def sweep_cmd(as_json: bool) -> None:
+    """Run one orphan-sweeper pass now (SPEC §5.9)."""
+    from runner.sweeper import Sweeper
+
+    async with open_env() as env:
+        runner = runner_for_sweep(env)
+        async with runner:
+            assert runner.svc is not None
+            report = await Sweeper(runner.svc).sweep_once(force=True)
+    if as_json:
+        echo_json({"actions": dict(report.actions)})
+    else:
+        for action, count in sorted(report.actions.items()):
+            click.echo(f"{action}: {count}")
+        if not report.actions:
+            click.echo("nothing to do")
+
+
+@click.command("gc")
+@click.option("--older-than", required=True, metavar="D", help="e.g. 30d")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@json_option
+@command
+async def gc_cmd(older_than: str, yes: bool, as_json: bool) -> None:
+    """Delete settled runs (finished, failed, cancelled) not updated for D, with their events
+    and blobs; DLQ records and staged uploads older than D."""
+    from store.staging import StagingStore
+
+    age = parse_duration(older_than)
+    cutoff = utcnow() - age
+    settled = [RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED]
+    async with open_env() as env:
+        victims: list[str] = []
+        after: str | None = None
+        while True:
+            page = await env.store.list_runs(
+                RunQuery(statuses=settled, updated_before=cutoff, after_run_id=after, limit=500)
+            )
+            victims.extend(r.run_id for r in page.runs)
+            if page.next_after is None:
+                break
+            after = page.next_after
+        if (
+            victims
+            and not yes
+            and not as_json
+            and not click.confirm(
+                f"delete {len(victims)} run(s) older than {older_than}?", err=True
+            )
+        ):
+            raise click.Abort()
+        for run_id in victims:
+            for blob in await env.blobs.list(f"runs/{run_id}/"):
+                await env.blobs.delete(blob.key)
+            await env.store.delete_run(run_id)
+        uploads = await StagingStore(env.store, env.blobs).reap(age, utcnow())
+        dlq_removed = 0
+        try:
+            async with env.publisher() as pub:
+                assert pub.dlq is not None
+                for record in await pub.dlq.list(older_than=cutoff):
+                    dlq_removed += int(await pub.dlq.delete(record.id))
+        except RunfleetError as exc:
+            click.echo(f"DLQ not collected: {exc.message}", err=True)
+    report = {"runs": len(victims), "staged_uploads": uploads, "dlq_records": dlq_removed}
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(", ".join(f"{k}: {v}" for k, v in report.items()))
+
+
+def runner_for_sweep(env: Any) -> Any:
+    """A runner that does not consume: only its services, for a one-off sweep pass."""
+    from runner.config import RunnerSettings
+    from runner.runner import Runner
+
+    return Runner(
+        store=env.store,
+        driver=env.driver(),
+        data_dir=env.data_dir,
+        blobs=env.blobs,
+        settings=RunnerSettings(sweeper=False, backstop=False, slots=1, http_host="127.0.0.1"),
+        engine=env.engine,
+        wire=WireSettings(data=env.settings.data),
+        consume=False,
+    )

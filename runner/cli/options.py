@@ -1,0 +1,63 @@
+"""Option parsing shared by the commands (`--var`, `--answer`, budgets, progress)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from runner.cli.views import event_line
+from store import Budget, Event
+from store.timeutil import parse_duration
+
+
+def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"{flag} expects name=value, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def read_answers_file(
+    ctx: click.Context, param: click.Parameter, path: Path | None
+) -> dict[str, Any]:
+    """`--answers-file`: typed JSON answers, read while the command line is parsed."""
+    if path is None:
+        return {}
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
+    if not isinstance(loaded, dict):
+        raise click.BadParameter("must hold a JSON object", ctx=ctx, param=param)
+    return loaded
+
+
+def budget_overrides(
+    max_duration: str | None, max_cost_usd: float | None, max_iterations: int | None
+) -> Budget | None:
+    if max_duration is None and max_cost_usd is None and max_iterations is None:
+        return None
+    duration = None
+    if max_duration is not None:
+        try:
+            duration = parse_duration(max_duration).total_seconds()
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-duration") from exc
+    return Budget(max_duration=duration, max_cost_usd=max_cost_usd, max_iterations=max_iterations)
+
+
+def progress_printer(enabled: bool) -> Callable[[Event], None] | None:
+    if not enabled:
+        return None
+
+    def show(event: Event) -> None:
+        click.echo(event_line(event), err=True)
+
+    return show

@@ -1,0 +1,251 @@
+"""Commands on runs: run, launch, resume, cancel, status, runs, events, rewind."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine.loader import load_workflow_file
+from engine.local import LocalEnv, resume_local, run_local
+from engine.resume import ResumeRequest
+from engine.rewind import rewind
+from runner.cli.context import open_env
+from runner.cli.options import (
+    budget_overrides,
+    parse_pairs,
+    progress_printer,
+    read_answers_file,
+)
+from runner.cli.runtime import command, json_option
+from runner.cli.views import echo_json, echo_run, event_line, run_view
+from store import Event, RunQuery, RunStatus, utcnow
+from store.timeutil import parse_duration
+
+
+@click.command("run")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--var", "vars_", multiple=True, metavar="K=V", help="set a workflow var")
+@click.option("--quiet", is_flag=True, help="no node progress on stderr")
+@json_option
+@command
+async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool) -> None:
+    """Execute a workflow in this process (no queue), as a `local` run."""
+    loaded = load_workflow_file(file)
+    async with open_env() as env:
+        local = LocalEnv(
+            env.store,
+            env.driver(),
+            env.engine,
+            env.data_dir,
+            env.blobs,
+            on_event=progress_printer(not quiet and not as_json),
+        )
+        doc = await run_local(
+            local, loaded, parse_pairs(vars_, "--var"), tenant=env.settings.tenant
+        )
+    echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+@click.command("resume")
+@click.argument("run_id")
+@click.option("--answer", "answers", multiple=True, metavar="K=V", help="answer a question")
+@click.option(
+    "--answers-file",
+    "typed_answers",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=read_answers_file,
+    help="typed answers as a JSON object (flags win)",
+)
+@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="accept a changed workflow source")
+@click.option("--accept-scratch-loss", is_flag=True, help="continue without the banked scratch")
+@click.option("--max-duration", metavar="D")
+@click.option("--max-cost-usd", type=float)
+@click.option("--max-iterations", type=int)
+@click.option("--local", "local", is_flag=True, help="resume in this process, not the queue")
+@click.option("--auto-resume", type=click.IntRange(min=0), default=0, metavar="N")
+@click.option("--quiet", is_flag=True)
+@json_option
+@command
+async def resume_cmd(
+    run_id: str,
+    answers: tuple[str, ...],
+    typed_answers: dict[str, Any],
+    file: Path | None,
+    force: bool,
+    accept_scratch_loss: bool,
+    max_duration: str | None,
+    max_cost_usd: float | None,
+    max_iterations: int | None,
+    local: bool,
+    auto_resume: int,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Resume a paused, failed_resumable or cancelled run."""
+    request = ResumeRequest(
+        answers=typed_answers,
+        cli_answers=parse_pairs(answers, "--answer"),
+        answers_base_dir=Path.cwd(),
+        force=force,
+        accept_scratch_loss=accept_scratch_loss,
+        budget=budget_overrides(max_duration, max_cost_usd, max_iterations),
+        new_source=load_workflow_file(file) if file is not None else None,
+    )
+    async with open_env() as env:
+        if not local:
+            if auto_resume:
+                raise click.UsageError("--auto-resume goes with --local")
+            async with env.publisher() as publisher:
+                doc = await publisher.resume(run_id, request, tenant=env.settings.tenant)
+            echo_json(run_view(doc)) if as_json else echo_run(doc)
+            return
+        local_env = LocalEnv(
+            env.store,
+            env.driver(),
+            env.engine,
+            env.data_dir,
+            env.blobs,
+            on_event=progress_printer(not quiet and not as_json),
+        )
+        doc = await resume_local(local_env, run_id, request, auto_resume=auto_resume)
+    echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+@click.command("launch")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--var", "vars_", multiple=True, metavar="K=V", help="set a workflow var")
+@json_option
+@command
+async def launch_cmd(file: Path, vars_: tuple[str, ...], as_json: bool) -> None:
+    """Queue a new run of FILE for the fleet."""
+    loaded = load_workflow_file(file)
+    async with open_env() as env, env.publisher() as publisher:
+        doc = await publisher.launch(
+            loaded, parse_pairs(vars_, "--var"), tenant=env.settings.tenant
+        )
+    echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+@click.command("cancel")
+@click.argument("run_id")
+@json_option
+@command
+async def cancel_cmd(run_id: str, as_json: bool) -> None:
+    """Cancel a run (a running one is asked to stop, and checkpoints first)."""
+    async with open_env() as env, env.publisher() as publisher:
+        doc = await publisher.cancel(run_id, tenant=env.settings.tenant)
+    echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+@click.command("status")
+@click.argument("run_id")
+@json_option
+@command
+async def status_cmd(run_id: str, as_json: bool) -> None:
+    """Show one run."""
+    async with open_env() as env:
+        doc = await env.store.get_run(run_id)
+    echo_json(run_view(doc)) if as_json else echo_run(doc)
+
+
+@click.command("runs")
+@click.option(
+    "--status", "statuses", multiple=True, type=click.Choice([s.value for s in RunStatus])
+)
+@click.option("--code", "codes", multiple=True, help="failure code")
+@click.option("--since", metavar="D", help="created within this duration, e.g. 1h")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50)
+@click.option("--after", metavar="RUN", help="page after this run id")
+@json_option
+@command
+async def runs_cmd(
+    statuses: tuple[str, ...],
+    codes: tuple[str, ...],
+    since: str | None,
+    limit: int,
+    after: str | None,
+    as_json: bool,
+) -> None:
+    """List runs, oldest first, a page at a time."""
+
+    created_since = utcnow() - parse_duration(since) if since else None
+    async with open_env() as env:
+        page = await env.store.list_runs(
+            RunQuery(
+                statuses=[RunStatus(s) for s in statuses],
+                failure_codes=list(codes),
+                created_since=created_since,
+                tenant=env.settings.tenant,
+                after_run_id=after,
+                limit=limit,
+            )
+        )
+    if as_json:
+        echo_json({"runs": [run_view(r) for r in page.runs], "next_after": page.next_after})
+        return
+    click.echo(f"{'RUN':<38} {'WORKFLOW':<16} {'STATUS':<22} {'CODE':<22} ATTEMPT")
+    for r in page.runs:
+        code = r.failure_code or ""
+        click.echo(
+            f"{r.run_id:<38} {r.workflow.name[:16]:<16} {r.status:<22} {code:<22} {r.attempt}"
+        )
+    if page.next_after:
+        click.echo(f"(more: --after {page.next_after})")
+
+
+@click.command("events")
+@click.argument("run_id")
+@click.option("--after", type=int, default=0, help="only events after this seq")
+@click.option("--follow", "-f", is_flag=True, help="keep printing until the run stops moving")
+@json_option
+@command
+async def events_cmd(run_id: str, after: int, follow: bool, as_json: bool) -> None:
+    """Print a run's events (with --follow, as they happen)."""
+    moving = {RunStatus.QUEUED, RunStatus.RUNNING}
+    collected: list[Event] = []
+    async with open_env() as env:
+        await env.store.get_run(run_id)
+        while True:
+            events = await env.store.read_events(run_id, after_seq=after, limit=10_000)
+            if events:
+                after = events[-1].seq
+                collected.extend(events)
+                if not as_json:
+                    for event in events:
+                        click.echo(event_line(event))
+            if not follow:
+                break
+            run = await env.store.get_run(run_id)
+            if run.status not in moving and not events:
+                break  # settled, and nothing new since the last read
+            await asyncio.sleep(0.5)
+    if as_json:
+        echo_json({"events": [e.model_dump(mode="json") for e in collected]})
+
+
+@click.command("rewind")
+@click.argument("run_id")
+@click.option("--node", required=True, help="the node to rewind to")
+@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@json_option
+@command
+async def rewind_cmd(run_id: str, node: str, file: Path | None, as_json: bool) -> None:
+    """Move a run's checkpoint back to NODE and park it paused_operator."""
+    new_source = load_workflow_file(file) if file is not None else None
+    async with open_env() as env:
+        result = await rewind(
+            env.store,
+            run_id,
+            node,
+            new_source=new_source,
+            skew_s=env.engine.lease_skew.total_seconds(),
+        )
+    if as_json:
+        echo_json({**run_view(result.run), "dropped_nodes": result.dropped})
+    else:
+        echo_run(result.run)
+        click.echo(f"dropped: {', '.join(result.dropped) or 'nothing'}")
