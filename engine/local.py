@@ -117,9 +117,11 @@ async def claim_local(env: LocalEnv, run: RunDocument, request: ResumeRequest) -
     if not lease_is_free(run, now, timing.skew):
         raise RunBusy(run.run_id)
     if run.status is RunStatus.RUNNING:
-        spec = ResumeSpec(attempt=run.attempt + 1, prior_status=run.status, published_at=now)
+        spec = ResumeSpec(
+            attempt=run.attempt + 1, prior_status=run.status, published_at=now, kind="local"
+        )
     else:
-        spec = judge_resume(run, request)
+        spec = judge_resume(run, request).model_copy(update={"kind": "local"})
     token = uuid.uuid4().hex
     attempt = run.attempt + 1
     fields: dict[str, Any] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import nats.errors
 from nats.aio.client import Client
@@ -240,12 +240,20 @@ class Publisher:
         return run
 
     async def resume(
-        self, run_id: str, request: ResumeRequest, *, tenant: str, kind: MessageKind = "resume"
+        self,
+        run_id: str,
+        request: ResumeRequest,
+        *,
+        tenant: str,
+        kind: Literal["resume", "replay"] = "resume",
+        dlq_record: int | None = None,
     ) -> RunDocument:
         """Judge (refusals in SPEC §4 order), queue by one CAS on the status and attempt read,
         publish, record. The loser of two concurrent resumes gets `run_not_resumable`."""
         run = await self._get(run_id, tenant)
-        spec = judge_resume(run, request)
+        spec = judge_resume(run, request).model_copy(
+            update={"kind": kind, "dlq_record": dlq_record}
+        )
         now = utcnow()
         result = await self.store.update_run(
             run_id,
@@ -315,35 +323,45 @@ class Publisher:
         if not record.replayable or record.run_id is None:
             raise RecordNotReplayable(f"DLQ record {record_id} has no run to resume")
         run = await self._get(record.run_id, tenant)
-        if record.attempt is not None and run.attempt == record.attempt + 1:
-            if await self._replayed(run.run_id, run.attempt):
-                # A bulk replay that died between its publish and this delete: finish it.
-                await self.dlq.delete(record_id)
-                return run
+        spec = run.resume_spec
+        if spec is not None and spec.kind == "replay" and spec.dlq_record == record_id:
+            # A replay of this record already queued its attempt (a bulk replay died before
+            # removing the record): finish the job, never replay twice.
+            await self._finish_replay(run, spec.attempt)
+            await self.dlq.delete(record_id)
+            return await self.store.get_run(run.run_id)
         if record.attempt != run.attempt:
             raise StaleRecord(
                 f"DLQ record {record_id} is for attempt {record.attempt}; run {run.run_id} is"
                 f" at attempt {run.attempt}"
             )
-        doc = await self.resume(run.run_id, ResumeRequest(), tenant=tenant, kind="replay")
+        doc = await self.resume(
+            run.run_id, ResumeRequest(), tenant=tenant, kind="replay", dlq_record=record_id
+        )
         await self.dlq.delete(record_id)
         return doc
 
-    async def _replayed(self, run_id: str, attempt: int) -> bool:
-        """Whether `attempt` was queued by a replay (its `run_queued` event says so)."""
+    async def _finish_replay(self, run: RunDocument, attempt: int) -> None:
+        """Re-run what the interrupted replay did not get to: the publish (only while the run
+        still waits in `queued` for that attempt with none recorded) and its `run_queued`."""
+        if (
+            run.status is RunStatus.QUEUED
+            and run.attempt == attempt
+            and (run.publication is None or run.publication.attempt != attempt)
+        ):
+            ack = await self.publish(run, "replay", expect_new=False)
+            await self.record_publication(run, ack)
         after = 0
         while True:
-            events = await self.store.read_events(run_id, after_seq=after, limit=500)
-            for event in events:
-                if (
-                    event.type == "run_queued"
-                    and event.data.get("kind") == "replay"
-                    and event.data.get("attempt") == attempt
-                ):
-                    return True
+            events = await self.store.read_events(run.run_id, after_seq=after, limit=500)
+            if any(e.type == "run_queued" and e.data.get("attempt") == attempt for e in events):
+                return
             if len(events) < 500:
-                return False
+                break
             after = events[-1].seq
+        await self.store.append_event(
+            run.run_id, "run_queued", {"attempt": attempt, "kind": "replay"}, attempt=attempt
+        )
 
     # -- cancel ------------------------------------------------------------------------------
 

@@ -73,6 +73,10 @@ class ResumeSpec(_Stored):
     budget: Budget | None = None
     workflow: WorkflowRef | None = None
     published_at: UtcDatetime | None = None
+    kind: Literal["resume", "replay", "local"] = "resume"
+    dlq_record: int | None = None
+    """For a replay: the DLQ record it replays, so a re-run of a bulk replay that died
+    between this write and the record's removal can finish the job (and never replay twice)."""
 
 
 class Publication(_Stored):

@@ -168,7 +168,6 @@ async def gc_cmd(older_than: str, yes: bool, as_json: bool) -> None:
         if (
             victims
             and not yes
-            and not as_json
             and not click.confirm(
                 f"delete {len(victims)} run(s) older than {older_than}?", err=True
             )

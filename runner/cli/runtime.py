@@ -35,7 +35,7 @@ def command(fn: Callable[P, Awaitable[None]]) -> Callable[P, None]:
             asyncio.run(fn(*args, **kwargs))  # type: ignore[arg-type]
         except RunfleetError as exc:
             fail(exc, as_json=as_json)
-        except click.ClickException:
+        except (click.ClickException, click.Abort):
             raise
         except KeyboardInterrupt:
             sys.exit(130)
