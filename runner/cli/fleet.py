@@ -42,14 +42,18 @@ async def streams_ensure_cmd(as_json: bool) -> None:
 
 @click.command("up")
 @click.option("--runners", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option("--slots", type=click.IntRange(1, 10_000), default=8, show_default=True)
+@click.option("--slots", type=click.IntRange(1, 10_000), help="per runner [RUNFLEET_SLOTS, 8]")
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), help="RUNFLEET_DATA")
 @click.option("--no-view", is_flag=True, help="no live view (a status line every 10 s)")
 @command
-async def up_cmd(runners: int, slots: int, data: Path | None, no_view: bool) -> None:
+async def up_cmd(runners: int, slots: int | None, data: Path | None, no_view: bool) -> None:
     """Run the embedded fleet: local nats-server, SQLite store, N runner processes."""
     import os
     import signal
+
+    from runner.config import RunnerSettings
+
+    slots = slots or RunnerSettings().slots
 
     from runner.cli.live import live_view
     from runner.embedded import EmbeddedFleet
