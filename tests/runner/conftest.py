@@ -122,7 +122,13 @@ class Fleet:
     async def wait_status(self, run_id: str, *statuses: str, within: float = 20.0) -> RunDocument:
         async def probe() -> RunDocument | None:
             doc = await self.store.get_run(run_id)
-            return doc if doc.status in statuses else None
+            if doc.status not in statuses:
+                return None
+            # A settled status is written before its events and the lease release (SPEC §5.4):
+            # wait for the release too, so what the test reads next is all there.
+            if doc.status not in ("running", "queued") and doc.lease is not None:
+                return None
+            return doc
 
         return await eventually(probe, within=within)
 

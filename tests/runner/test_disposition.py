@@ -168,9 +168,9 @@ async def test_deliberate_failure_is_acked_with_retry_skipped_deliberate(
     run = await fleet.launch(workflow(name).source)
     done = await fleet.wait_status(run.run_id, "failed", "failed_resumable")
     assert (done.status, done.failure_code) == (status, "BOT_REFUSED")
+    await reaches(runner, "ack", str(status))  # the disposal follows the events
     skipped = await events_of(fleet, run.run_id, "run_retry_skipped")
     assert [e.data for e in skipped] == [{"reason": "deliberate", "code": "BOT_REFUSED"}]
-    await reaches(runner, "ack", str(status))
     assert await fleet.queue_drained()
     assert len(await events_of(fleet, run.run_id, "run_claimed")) == 1  # never auto-retried
 

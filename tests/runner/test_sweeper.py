@@ -247,7 +247,9 @@ async def test_only_one_sweeper_pass_at_a_time_across_two_runners(
 async def test_sweeper_reaps_sandboxes_whose_run_lease_is_no_longer_theirs(
     fleet: Fleet, sweeper: Sweeper, tmp_path: Path
 ) -> None:
-    run = await create(fleet, S.RUNNING, lease=lease(2, ttl=3), attempt=2)
+    # A lease far from expiry: the pass must not also judge the run RUNNER_LOST (and drop the
+    # lease) on a slow machine before it reaps.
+    run = await create(fleet, S.RUNNING, lease=lease(2, ttl=120), attempt=2)
     assert run.lease is not None
     driver = LocalSandboxDriver(fleet.tmp / "data")
 
