@@ -8,6 +8,7 @@ advisories are captured in a stream, none is lost while no runner is connected.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -15,7 +16,7 @@ import logging
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from engine.failures import FailureCode, is_auto_resumable
 from publisher.errors import MalformedMessage, UnsupportedSchema
@@ -56,6 +57,12 @@ class Backstop:
                 msgs = await psub.fetch(batch=10, timeout=1.0)
             except (nats.errors.TimeoutError, TimeoutError):
                 continue
+            except nats.errors.Error as exc:
+                # NATS restarting (a 503 on the pull, a closed connection reconnecting): the
+                # advisories wait in their stream; try again shortly, like the fetch loop.
+                log.warning("backstop: fetch failed (%r); retrying", exc)
+                await asyncio.sleep(1.0)
+                continue
             for msg in msgs:
                 await self.settle_advisory(msg)
 
@@ -71,10 +78,16 @@ class Backstop:
         except StoreError as exc:
             log.warning("backstop: store unavailable for seq %s (%s)", seq, exc)
             verdict, delay = "store_error", 5.0
-        if delay is None:
-            await adv.ack_sync()
-        else:
-            await adv.nak(delay=delay)
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("backstop: NATS error settling seq %s (%r)", seq, exc)
+            verdict, delay = "nats_error", 5.0
+        try:
+            if delay is None:
+                await adv.ack_sync()
+            else:
+                await adv.nak(delay=delay)
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("backstop: advisory for seq %s not disposed (%r)", seq, exc)
         return verdict
 
     async def settle(self, seq: int) -> tuple[str, float | None]:
@@ -110,7 +123,19 @@ class Backstop:
             await self._delete(seq)
             return "settled", None
         if message.attempt > run.attempt:
-            return "lagging", svc.settings.lagging_delay.total_seconds()
+            # A lagging read resolves within seconds; a copy still ahead of its run after
+            # max_deliver deliveries is forged or corrupt. Kept as a record, not nak'd forever.
+            await self._record(
+                seq,
+                body,
+                headers,
+                message,
+                "attempt_ahead",
+                f"message attempt {message.attempt} > run attempt {run.attempt}",
+                False,
+            )
+            await self._delete(seq)
+            return "attempt_ahead", None
         now = utcnow()
         if not lease_is_free(run, now, svc.skew):
             assert run.lease is not None
@@ -189,5 +214,12 @@ class Backstop:
         self.svc.metrics.dlq_records.labels(reason=reason).inc()
 
     async def _delete(self, seq: int) -> None:
-        with contextlib.suppress(NotFoundError):
+        """Delete by sequence; a message someone else removed meanwhile (a runner's last ack,
+        another backstop) is already where we wanted it."""
+        try:
             await self.svc.js.delete_msg(self.svc.names.runs_stream, seq)
+        except APIError:
+            with contextlib.suppress(NotFoundError):
+                await self.svc.js.get_msg(self.svc.names.runs_stream, seq)
+                raise  # still there: a real failure
+            log.info("backstop: seq %s was already gone", seq)

@@ -25,6 +25,7 @@ from runner.delays import transient_delay
 from runner.deliveries import Delivery
 from runner.disposition import dispose_outcome
 from runner.lease import HeldLease
+from runner.repair import repair_status_event
 from runner.services import RunnerServices
 from store import CasConflict, RunDocument, RunNotFound, StoreError, utcnow
 
@@ -142,6 +143,10 @@ async def _handle(svc: RunnerServices, delivery: Delivery) -> None:
         now = utcnow()
         decision = judge(message, run, delivery.info, now, svc.timing)
         if isinstance(decision, Ack):
+            if decision.reason == "settled" and await repair_status_event(
+                svc.store, run, now, svc.skew
+            ):
+                log.warning("run %s: repaired its missing %s event", run.run_id, run.status)
             await delivery.ack()
             svc.metrics.delivery("ack", decision.reason)
             log.info("run %s attempt %s: %s", run.run_id, message.attempt, decision.reason)

@@ -14,6 +14,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+import nats.errors
 from nats.js.errors import NotFoundError
 
 from engine.failures import FailureCode, is_auto_resumable
@@ -56,6 +57,8 @@ class Sweeper:
                 await self.sweep_once()
             except StoreError as exc:
                 log.warning("sweep skipped: store unavailable (%s)", exc)
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("sweep skipped: NATS unavailable (%r)", exc)
 
     async def sweep_once(self, *, force: bool = False) -> SweepReport:
         svc = self.svc

@@ -1,0 +1,58 @@
+"""Repairing a settled run's missing status event (SPEC §2: projections are "repaired by
+re-running the action that wrote them").
+
+The disposition writes a status first and its event after (SPEC §5.4); a runner killed between
+the two leaves a run `finished` with no `run_finished`. Its redelivery is acked as settled at
+admission, which is where the event is put back — only while no execution holds the lease
+(release follows the events, so a free lease means the writer finished or died), and only when
+no event of that kind exists for the attempt.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from engine.failures import FailureCode
+from store import RunDocument, RunStatus, RunStore, lease_is_free
+
+_EVENT_FOR = {
+    RunStatus.FINISHED: "run_finished",
+    RunStatus.FAILED: "run_failed",
+    RunStatus.CANCELLED: "run_cancelled",
+    RunStatus.PAUSED_WAITING_HUMAN: "run_paused",
+    RunStatus.PAUSED_OPERATOR: "run_paused",
+    RunStatus.FAILED_RESUMABLE: "run_failed",
+}
+
+
+def status_event(run: RunDocument) -> str | None:
+    if run.status is RunStatus.FAILED_RESUMABLE and run.failure_code == FailureCode.DLQ_PARKED:
+        return "run_dlq_parked"
+    return _EVENT_FOR.get(run.status)
+
+
+async def repair_status_event(
+    store: RunStore, run: RunDocument, now: datetime, skew: timedelta
+) -> bool:
+    """Append the settled status's event if it is missing; True when it did."""
+    kind = status_event(run)
+    if kind is None or not lease_is_free(run, now, skew):
+        return False
+    after = 0
+    while True:
+        events = await store.read_events(run.run_id, after_seq=after, limit=1000)
+        if any(e.type == kind and e.attempt == run.attempt for e in events):
+            return False
+        if len(events) < 1000:
+            break
+        after = events[-1].seq
+    data: dict[str, object] = {"repaired": True}
+    if kind == "run_failed":
+        data.update(code=run.failure_code, error=run.error)
+    elif kind == "run_paused":
+        data.update(
+            kind="human" if run.status is RunStatus.PAUSED_WAITING_HUMAN else "operator",
+            code=run.failure_code,
+        )
+    await store.append_event(run.run_id, kind, data, attempt=run.attempt)
+    return True
