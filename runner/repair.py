@@ -4,8 +4,8 @@ re-running the action that wrote them").
 The disposition writes a status first and its event after (SPEC §5.4); a runner killed between
 the two leaves a run `finished` with no `run_finished`. Its redelivery is acked as settled at
 admission, which is where the event is put back — only while no execution holds the lease
-(release follows the events, so a free lease means the writer finished or died), and only when
-no event of that kind exists for the attempt.
+(release follows the events, so a free lease means the writer finished or died), only when an
+execution of that attempt was claimed, and only when no event of that kind exists for it.
 """
 
 from __future__ import annotations
@@ -39,13 +39,22 @@ async def repair_status_event(
     if kind is None or not lease_is_free(run, now, skew):
         return False
     after = 0
+    claimed = False
     while True:
         events = await store.read_events(run.run_id, after_seq=after, limit=1000)
         if any(e.type == kind and e.attempt == run.attempt for e in events):
             return False
+        claimed = claimed or any(
+            e.type == "run_claimed" and e.attempt == run.attempt for e in events
+        )
         if len(events) < 1000:
             break
         after = events[-1].seq
+    if not claimed:
+        # Only a status an execution of this attempt wrote is repaired: a resume whose
+        # publish "failed" puts the run back without any execution, and a copy of it that
+        # landed later must not invent an event for a status nobody reached at that attempt.
+        return False
     data: dict[str, object] = {"repaired": True}
     if kind == "run_failed":
         data.update(code=run.failure_code, error=run.error)

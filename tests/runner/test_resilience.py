@@ -106,6 +106,7 @@ async def test_settled_run_missing_its_status_event_is_repaired_by_its_redeliver
     # A run whose runner was killed between the `finished` write and `run_finished`.
     run = new_run("hello", run_id=new_run_id(), status=S.FINISHED)
     await fleet.store.create_run(run)
+    await fleet.store.append_event(run.run_id, "run_claimed", {"path": "fresh"}, attempt=1)
     await fleet.start_runner(sweeper=False, backstop=False)
     await publish_raw(
         fleet.js, fleet.names.runs_subject, body(run.run_id, 1), run_id=run.run_id, attempt=1
@@ -126,3 +127,23 @@ async def test_settled_run_missing_its_status_event_is_repaired_by_its_redeliver
     assert await fleet.queue_drained()
     finished = [e for e in await fleet.store.read_events(run.run_id) if e.type == "run_finished"]
     assert len(finished) == 1
+
+
+async def test_status_no_execution_reached_is_not_repaired(fleet: Fleet) -> None:
+    # A resume whose publish was reported failed flipped the run back to paused at the new
+    # attempt; a copy that landed anyway must not invent a `run_paused` for that attempt.
+    run = new_run("hello", run_id=new_run_id(), status=S.PAUSED_OPERATOR, attempt=2)
+    await fleet.store.create_run(run)
+    runner = await fleet.start_runner(sweeper=False, backstop=False)
+    await publish_raw(
+        fleet.js, fleet.names.runs_subject, body(run.run_id, 2), run_id=run.run_id, attempt=2
+    )
+    assert await fleet.queue_drained()
+
+    async def acked() -> bool:
+        return (
+            runner.metrics.deliveries.labels(disposition="ack", reason="settled")._value.get() >= 1
+        )
+
+    assert await eventually(acked)
+    assert [e.type for e in await fleet.store.read_events(run.run_id)] == []
