@@ -201,6 +201,11 @@ async def _handoff(
         Update(set={"attempt": attempt + 1, "attempt_at": utcnow()}, unset=["lease"]),
     )
     if isinstance(result, CasConflict):
+        current = result.current
+        if current is None or current.lease is None or current.lease.token != writer.token:
+            # Not an operator: the lease itself is gone, and the delivery is the adopter's.
+            execution.cancel.cancel(CancelReason.LEASE_LOST)
+            return Plan("none", reason="lease_lost")
         await writer.release()  # an operator acted in between: a plain release
         await delivery.ack_sync()
         return Plan("ack", reason="handoff_superseded")
