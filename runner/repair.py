@@ -25,6 +25,20 @@ _EVENT_FOR = {
 }
 
 
+_SETTLING = frozenset(
+    {
+        "run_finished",
+        "run_failed",
+        "run_paused",
+        "run_cancelled",
+        "run_dlq_parked",
+        "run_rewound",
+        "run_requeue_failed",
+    }
+)
+"""Events that say how a run left `running` (or was moved by an operator afterwards)."""
+
+
 def status_event(run: RunDocument) -> str | None:
     if run.status is RunStatus.FAILED_RESUMABLE and run.failure_code == FailureCode.DLQ_PARKED:
         return "run_dlq_parked"
@@ -38,22 +52,28 @@ async def repair_status_event(
     kind = status_event(run)
     if kind is None or not lease_is_free(run, now, skew):
         return False
+    # Read the whole history once: the run's last claim at this attempt, and whether anything
+    # after it already says how the run settled (the status's own event, or an operator's
+    # rewind / flip-back, which write their own events).
+    claimed_at: int | None = None
+    settled_after: list[int] = []
     after = 0
-    claimed = False
     while True:
         events = await store.read_events(run.run_id, after_seq=after, limit=1000)
-        if any(e.type == kind and e.attempt == run.attempt for e in events):
-            return False
-        claimed = claimed or any(
-            e.type == "run_claimed" and e.attempt == run.attempt for e in events
-        )
+        for e in events:
+            if e.type == "run_claimed" and e.attempt == run.attempt:
+                claimed_at = e.seq
+            elif e.type in _SETTLING:
+                settled_after.append(e.seq)
         if len(events) < 1000:
             break
         after = events[-1].seq
-    if not claimed:
-        # Only a status an execution of this attempt wrote is repaired: a resume whose
+    if claimed_at is None:
+        # Only a status an execution of this attempt reached is repaired: a resume whose
         # publish "failed" puts the run back without any execution, and a copy of it that
         # landed later must not invent an event for a status nobody reached at that attempt.
+        return False
+    if any(seq > claimed_at for seq in settled_after):
         return False
     data: dict[str, object] = {"repaired": True}
     if kind == "run_failed":

@@ -1,0 +1,224 @@
+"""An in-process double of the JetStream work queue runfleet relies on (SPEC §3, NOTES.md).
+
+Exactly the behaviours the protocol relies on, each pinned against a real nats-server by
+`test_broker_contract.py` (the same tests run on both):
+
+- `publish` assigns consecutive stream sequences; a `Nats-Msg-Id` seen within the duplicate
+  window answers `PubAck.duplicate` with the original sequence (even once that message is gone);
+- one durable pull consumer with explicit ack: a delivery counts `num_delivered`; `ack` removes the
+  message (work-queue retention); `nak(delay)` makes it deliverable again after the delay (a
+  falsy delay: at once, as nats-py sends no delay then); `in_progress` restarts `ack_wait`; a
+  delivery neither acked nor nak'd within `ack_wait` is redelivered;
+- acks, naks and working acks act on the stream *sequence*, whichever delivery of it sends them
+  (an old delivery's ack removes the message a later delivery is working on, SPEC §5.4);
+- after `max_deliver` deliveries the message is not delivered again, stays in the stream, and one
+  MAX_DELIVERIES advisory names it; the server notices this when it next looks for messages to
+  deliver (a pull), so the double does it in `deliverable()` / `fetch()`; a late ack still
+  removes it;
+- `get_msg` / `delete_msg` by sequence, raising what nats-py raises for a missing sequence
+  (`NotFoundError` 10037 for a read, `ServerError` 10057 for a delete).
+
+Time is a `Clock` the caller advances; nothing sleeps. Acks and naks on one delivery object are
+refused a second time, as nats-py refuses them (`MsgAlreadyAckdError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nats.errors import MsgAlreadyAckdError
+from nats.js.api import PubAck, RawStreamMsg
+from nats.js.errors import NotFoundError, ServerError
+
+MSG_ID = "Nats-Msg-Id"
+
+
+@dataclass
+class Clock:
+    """Seconds since the start of an example; only ever moved forward by its owner."""
+
+    now: float = 0.0
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("time does not go backwards")
+        self.now += seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Advisory:
+    """`$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>`, the fields we read."""
+
+    stream_seq: int
+    deliveries: int
+
+
+@dataclass
+class _Message:
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    delivered: int = 0
+    due: float | None = None
+    """While delivered and unacked: when it becomes deliverable again (ack deadline or nak)."""
+    exceeded: bool = False
+
+
+@dataclass
+class Delivered:
+    """One delivery of a message, as a pull consumer hands it out."""
+
+    queue: WorkQueue
+    seq: int
+    num_delivered: int
+    data: bytes
+    headers: dict[str, str]
+    _ackd: bool = field(default=False, repr=False)
+
+    def _check(self) -> None:
+        if self._ackd:
+            raise MsgAlreadyAckdError(self)
+
+    def ack(self) -> None:
+        self._check()
+        self.queue.ack(self.seq)
+        self._ackd = True
+
+    def nak(self, delay: float | None = None) -> None:
+        self._check()
+        self.queue.nak(self.seq, delay)
+        self._ackd = True
+
+    def in_progress(self) -> None:
+        self.queue.in_progress(self.seq)
+
+
+class WorkQueue:
+    """One work-queue stream with one durable pull consumer (explicit ack)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        stream: str = "RUNS",
+        ack_wait: float = 32.0,
+        max_deliver: int = 10,
+        duplicate_window: float = 300.0,
+    ) -> None:
+        self.clock = clock
+        self.stream = stream
+        self.ack_wait = ack_wait
+        self.max_deliver = max_deliver
+        self.duplicate_window = duplicate_window
+        self.advisories: list[Advisory] = []
+        self._messages: dict[int, _Message] = {}
+        self._ids: dict[str, tuple[int, float]] = {}
+        self._last_seq = 0
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> PubAck:
+        headers = dict(headers or {})
+        msg_id = headers.get(MSG_ID)
+        now = self.clock.now
+        if msg_id is not None and msg_id in self._ids:
+            seq, at = self._ids[msg_id]
+            if now - at < self.duplicate_window:
+                return PubAck(stream=self.stream, seq=seq, duplicate=True)
+        self._last_seq += 1
+        seq = self._last_seq
+        self._messages[seq] = _Message(seq, subject, bytes(data), headers)
+        if msg_id is not None:
+            self._ids[msg_id] = (seq, now)
+        return PubAck(stream=self.stream, seq=seq)
+
+    # -- the consumer ---------------------------------------------------------------------
+
+    def deliverable(self) -> list[int]:
+        """Sequences a pull would get now: redeliveries first (by due time), then messages
+        never delivered (by sequence). A message whose last delivery ran out is marked
+        exceeded here, with its advisory, as the server does when it looks for messages."""
+        now = self.clock.now
+        redeliveries: list[tuple[float, int]] = []
+        fresh: list[int] = []
+        for seq in sorted(self._messages):
+            m = self._messages[seq]
+            if m.exceeded:
+                continue
+            if m.due is None:
+                fresh.append(seq)
+            elif m.due <= now:
+                if m.delivered >= self.max_deliver:
+                    m.exceeded = True
+                    m.due = None
+                    self.advisories.append(Advisory(seq, m.delivered))
+                else:
+                    redeliveries.append((m.due, seq))
+        return [seq for _, seq in sorted(redeliveries)] + fresh
+
+    def deliver(self, seq: int) -> Delivered:
+        """Hand out one deliverable message (a model may pick any of them: reordering)."""
+        if seq not in self.deliverable():
+            raise ValueError(f"sequence {seq} is not deliverable now")
+        m = self._messages[seq]
+        m.delivered += 1
+        m.due = self.clock.now + self.ack_wait
+        return Delivered(self, seq, m.delivered, m.data, dict(m.headers))
+
+    def fetch(self, batch: int = 1) -> list[Delivered]:
+        return [self.deliver(seq) for seq in self.deliverable()[:batch]]
+
+    def next_due(self) -> float | None:
+        """When the next message becomes deliverable (or exceeded); None if nothing waits."""
+        dues = [
+            self.clock.now if m.due is None else m.due
+            for m in self._messages.values()
+            if not m.exceeded
+        ]
+        return min(dues, default=None)
+
+    def ack(self, seq: int) -> None:
+        """By sequence: also from an old delivery, and also after max_deliver."""
+        self._messages.pop(seq, None)
+
+    def nak(self, seq: int, delay: float | None = None) -> None:
+        m = self._messages.get(seq)
+        if m is None or m.exceeded or m.due is None:
+            return
+        m.due = self.clock.now + (delay or 0.0)
+
+    def in_progress(self, seq: int) -> None:
+        m = self._messages.get(seq)
+        if m is None or m.exceeded or m.due is None:
+            return
+        m.due = self.clock.now + self.ack_wait
+
+    # -- the stream -------------------------------------------------------------------------
+
+    def get_msg(self, seq: int) -> RawStreamMsg:
+        m = self._messages.get(seq)
+        if m is None:
+            raise NotFoundError(code=404, err_code=10037, description="no message found")
+        return RawStreamMsg(
+            subject=m.subject, seq=m.seq, data=m.data, headers=dict(m.headers), stream=self.stream
+        )
+
+    def delete_msg(self, seq: int) -> bool:
+        if self._messages.pop(seq, None) is None:
+            raise ServerError(code=500, err_code=10057, description="no message found")
+        return True
+
+    # -- for a model's eyes only ------------------------------------------------------------
+
+    def sequences(self) -> list[int]:
+        return sorted(self._messages)
+
+    def state(self, seq: int) -> str:
+        """`gone`, `exceeded`, `waiting` (never delivered), `pending` (delivered, unacked)."""
+        m = self._messages.get(seq)
+        if m is None:
+            return "gone"
+        if m.exceeded:
+            return "exceeded"
+        return "waiting" if m.due is None else "pending"
