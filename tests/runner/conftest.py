@@ -26,7 +26,7 @@ from engine.sandbox.local import LocalSandboxDriver
 from publisher import DlqStore, Publisher, WireNames, WireSettings, ensure_streams
 from runner.config import RunnerSettings
 from runner.runner import Runner
-from store import RunDocument, RunStore
+from store import RunDocument, RunStore, lease_is_free, utcnow
 from store.blobs_fs import FilesystemBlobStore
 from store.sqlite import SqliteRunStore
 from tests.support.nats_server import NatsServer
@@ -126,7 +126,10 @@ class Fleet:
                 return None
             # A settled status is written before its events and the lease release (SPEC §5.4):
             # wait for the release too, so what the test reads next is all there.
-            if doc.status not in ("running", "queued") and doc.lease is not None:
+            live = doc.lease is not None and not lease_is_free(
+                doc, utcnow(), self.engine.lease_timing().skew
+            )
+            if doc.status not in ("running", "queued") and live:
                 return None
             return doc
 
