@@ -34,7 +34,7 @@ from engine.failures import (
     rule_for,
 )
 from engine.fencing import FencedWriter, LeaseLost
-from engine.loader import load_workflow
+from engine.loader import load_stored_workflow
 from engine.nodes import (
     CallContext,
     NodeFailed,
@@ -88,7 +88,7 @@ class Execution:
         self.blobs = blobs
         self.writer = FencedWriter(store, run.run_id, token, run.attempt, cancel)
         self.events = events or EventLog(store, run.run_id, run.attempt, token, cancel)
-        self.workflow: Workflow = load_workflow(run.workflow.source, f"run {run.run_id}").workflow
+        self.workflow: Workflow = load_stored_workflow(run.workflow.source, f"run {run.run_id}").workflow
         self.checkpoint = (
             run.checkpoint.model_copy(deep=True) if run.checkpoint is not None else Checkpoint()
         )

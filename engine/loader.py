@@ -14,8 +14,10 @@ The source hash is the sha256 of the whole text, comments included (SPEC §6.1):
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,6 +33,10 @@ from engine.templates import is_template
 from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, ToolNode, Workflow
 
 PathKey = tuple[str | int, ...]
+
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader when PyYAML was built with it (it is, in the wheels): same documents,
+same marks, several times faster than the pure-Python one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +93,35 @@ def load_workflow(text: str, filename: str) -> LoadedWorkflow:
     return LoadedWorkflow(workflow, text, source_hash(text), filename)
 
 
+_CACHE_SIZE = 256
+_cache: OrderedDict[str, LoadedWorkflow] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def load_stored_workflow(text: str, filename: str) -> LoadedWorkflow:
+    """`load_workflow` for a run's stored source, memoised by source hash.
+
+    Every execution, resume and rewind re-reads the workflow from the run document; parsing it
+    again each time was the largest single cost of a short run (docs/performance.md, fix 1).
+    The hash covers the whole text, and `Workflow` and its nodes are frozen models, so a cached
+    result is the same value a fresh load would give. Only successes are kept: an invalid
+    source raises every time, with `filename` in the message.
+    """
+    key = source_hash(text)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+    if hit is not None:
+        return hit if hit.filename == filename else replace(hit, filename=filename)
+    loaded = load_workflow(text, filename)
+    with _cache_lock:
+        _cache[key] = loaded
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return loaded
+
+
 def _raise(filename: str, problems: list[Problem]) -> NoReturn:
     unique = sorted(dict.fromkeys(problems), key=lambda p: p.line)
     first = unique[0]
@@ -106,7 +141,7 @@ def _yaml_problem(filename: str, exc: yaml.YAMLError) -> WorkflowInvalid:
 
 def _compose(text: str, filename: str) -> yaml.Node:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise _yaml_problem(filename, exc) from exc
     if node is None:
@@ -153,7 +188,7 @@ def _construct(text: str, filename: str) -> Any:
     # A second pass constructs from a fresh tree: construction flattens merge keys (`<<`) in
     # place, and the line walk wants the tree as written.
     try:
-        return yaml.load(text, Loader=yaml.SafeLoader)
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise _yaml_problem(filename, exc) from exc
 

@@ -15,7 +15,7 @@ from typing import Any
 from engine.answers import coerce_answers
 from engine.budget import below_consumed, merge_overrides
 from engine.errors import AnswersRequired
-from engine.loader import LoadedWorkflow, load_workflow
+from engine.loader import LoadedWorkflow, load_stored_workflow
 from engine.refusals import (
     BudgetBelowConsumed,
     RunNotResumable,
@@ -69,7 +69,7 @@ def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
     answers: dict[str, Any] = {}
     pending = (run.checkpoint.pending_interaction if run.checkpoint else None) or None
     if run.status is RunStatus.PAUSED_WAITING_HUMAN and pending is not None:
-        workflow = load_workflow(run.workflow.source, f"run {run.run_id}").workflow
+        workflow = load_stored_workflow(run.workflow.source, f"run {run.run_id}").workflow
         node = workflow.nodes.get(str(pending.get("node")))
         if not request.answers and not request.cli_answers:
             names = [q.name for q in node.questions] if isinstance(node, HumanNode) else []

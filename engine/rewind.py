@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from engine.loader import LoadedWorkflow, load_workflow
+from engine.loader import LoadedWorkflow, load_stored_workflow
 from engine.refusals import RewindRefused, RunBusy
 from engine.workflow import Workflow
 from store import (
@@ -79,7 +79,7 @@ async def rewind(
         raise RunBusy(run_id)
     if run.checkpoint is None:
         raise RewindRefused(f"run {run_id} has no checkpoint to rewind")
-    loaded = new_source or load_workflow(run.workflow.source, f"run {run_id}")
+    loaded = new_source or load_stored_workflow(run.workflow.source, f"run {run_id}")
     workflow = loaded.workflow
     if node not in workflow.nodes:
         raise RewindRefused(f"run {run_id}: no node {node!r} in the workflow")

@@ -370,3 +370,47 @@ def test_hello_summary_reads_the_tool_output() -> None:
     scope: dict[str, Any] = {"vars": {"name": "world"}, "outputs": {"greet": "hello world"}}
     assert walk(w, scope, "summarize") == "summarize"
     assert scope["outputs"]["summarize"] == {"greeting": "hello world", "as_expected": True}
+
+
+def test_stored_workflow_is_parsed_once_per_source_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executions re-read the run's stored source; the parse is memoised by its hash."""
+    from engine import loader
+
+    text = VALID + "# cache probe 1\n"
+    calls: list[str] = []
+    real = loader.load_workflow
+
+    def counting(source: str, filename: str) -> Any:
+        calls.append(filename)
+        return real(source, filename)
+
+    monkeypatch.setattr(loader, "load_workflow", counting)
+    first = loader.load_stored_workflow(text, "run a")
+    second = loader.load_stored_workflow(text, "run b")
+    assert calls == ["run a"]
+    assert second.workflow is first.workflow
+    assert (first.filename, second.filename) == ("run a", "run b")
+    changed = loader.load_stored_workflow(text + "# one more comment\n", "run c")
+    assert calls == ["run a", "run c"]
+    assert changed.source_hash != first.source_hash
+
+
+def test_stored_workflow_that_is_invalid_is_refused_every_time() -> None:
+    from engine.loader import load_stored_workflow
+
+    broken = HEAD + "    timeout: 0\n"
+    for name in ("run a", "run b"):
+        with pytest.raises(WorkflowInvalid) as info:
+            load_stored_workflow(broken, name)
+        assert info.value.file == name
+
+
+def test_stored_workflow_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine import loader
+
+    monkeypatch.setattr(loader, "_CACHE_SIZE", 3)
+    monkeypatch.setattr(loader, "_cache", type(loader._cache)())
+    texts = [VALID + f"# bound {i}\n" for i in range(5)]
+    for text in texts:
+        loader.load_stored_workflow(text, "run")
+    assert list(loader._cache) == [loader.source_hash(t) for t in texts[2:]]
