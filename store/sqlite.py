@@ -1,10 +1,12 @@
 """`SqliteRunStore`: the embedded default (SPEC §9, ADR-0003).
 
 One file in WAL mode, shared by several processes (`runfleet up` runs N runner processes on it).
-Each store instance owns one connection used from one dedicated thread, and every operation is a
-whole transaction submitted to that thread in a single hop: the event loop never blocks on disk,
-and a compare-and-set is `BEGIN IMMEDIATE; SELECT; UPDATE; COMMIT` with no await in between, so
-it is atomic against other tasks *and* other processes (IMMEDIATE takes the write lock first).
+Each store instance owns one connection used from one dedicated thread (`SqliteWorker`), and
+every operation is a function submitted to that thread in a single hop: the event loop never
+blocks on disk, and a compare-and-set is `SELECT; UPDATE` inside a `BEGIN IMMEDIATE` transaction
+with no await in between, so it is atomic against other tasks *and* other processes (IMMEDIATE
+takes the write lock first). Writes waiting together share one transaction (group commit, see
+`store.sqlite_worker`); none is reported before its commit.
 
 Documents are stored as JSON in storage form (instants as epoch ms); the columns beside `doc` are
 copies of the fields the queries filter on, rewritten with the document on every write.
@@ -12,11 +14,9 @@ copies of the fields the queries filter on, rewritten with the document on every
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,6 +39,7 @@ from store.models import (
     StagedUpload,
 )
 from store.protocols import RunPage, RunQuery
+from store.sqlite_worker import SqliteWorker
 from store.timeutil import to_ms, utcnow
 
 T = TypeVar("T")
@@ -110,48 +111,53 @@ def _run_columns(doc: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    """A connection in WAL mode with the schema in place (blocking: call it off the loop)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.executescript(_SCHEMA)
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
 class SqliteRunStore:
     """The `RunStore` protocol on one SQLite file."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, executor: ThreadPoolExecutor):
+    def __init__(self, path: Path, worker: SqliteWorker) -> None:
         self.path = path
-        self._conn = conn
-        self._executor = executor
+        self._worker = worker
 
     @classmethod
     async def open(cls, path: Path | str, *, busy_timeout_ms: int = 10_000) -> SqliteRunStore:
         """Open (creating if needed) the store file. A file that is not a SQLite database is a
         `StoreCorrupt` naming it; it is never overwritten."""
         path = Path(path)
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sqlite-{path.name}")
-
-        def connect() -> sqlite3.Connection:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+        try:
+            worker = await SqliteWorker.start(
+                lambda: connect(path, busy_timeout_ms), f"sqlite-{path.name}"
             )
-            try:
-                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
-                conn.executescript(_SCHEMA)
-            except sqlite3.DatabaseError:
-                conn.close()
-                raise
-            return conn
-
-        loop = asyncio.get_running_loop()
-        try:
-            conn = await loop.run_in_executor(executor, connect)
         except sqlite3.DatabaseError as exc:
-            executor.shutdown(wait=False)
             raise _translate(exc, path) from exc
-        return cls(path, conn, executor)
+        return cls(path, worker)
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        loop = asyncio.get_running_loop()
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
-            return await loop.run_in_executor(self._executor, fn, self._conn)
+            return await self._worker.read(fn)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn` runs inside a write transaction (shared with other writes): no BEGIN/COMMIT."""
+        try:
+            return await self._worker.write(fn)
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
 
@@ -171,11 +177,11 @@ class SqliteRunStore:
             except sqlite3.IntegrityError as exc:
                 raise RunAlreadyExists(f"run {doc.run_id!r} already exists") from exc
 
-        await self._call(insert)
+        await self._write(insert)
         return doc
 
     async def get_run(self, run_id: str) -> RunDocument:
-        row = await self._call(
+        row = await self._read(
             lambda c: c.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         )
         if row is None:
@@ -187,38 +193,26 @@ class SqliteRunStore:
     ) -> RunDocument | CasConflict:
         check_update(conditions, update)
 
-        def cas(conn: sqlite3.Connection) -> tuple[bool, str | None]:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-                if row is None:
-                    conn.execute("ROLLBACK")
-                    return False, None
-                current = _loads(row[0], "run", run_id)
-                if not matches(current, conditions):
-                    conn.execute("ROLLBACK")
-                    return False, row[0]
-                new = apply_update(current, update, to_ms(utcnow()))
-                # Validate before writing: a write that would store an invalid run is refused.
-                decode(RunDocument, new, what="run update", ident=run_id)
-                conn.execute(
-                    "UPDATE runs SET tenant = ?, status = ?, origin = ?, failure_code = ?,"
-                    " lease_expires_ms = ?, created_ms = ?, updated_ms = ?, doc = ?"
-                    " WHERE run_id = ?",
-                    (*_run_columns(new), run_id),
-                )
-                conn.execute("COMMIT")
-                return True, _dumps(new)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        def cas(conn: sqlite3.Connection) -> RunDocument | CasConflict:
+            row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r}")
+            current = _loads(row[0], "run", run_id)
+            if not matches(current, conditions):
+                return CasConflict(decode(RunDocument, current, what="run", ident=run_id))
+            new = apply_update(current, update, to_ms(utcnow()))
+            # Validated before writing (a write that would store an invalid run is refused),
+            # and that model is the answer: the document is not parsed twice.
+            doc = decode(RunDocument, new, what="run update", ident=run_id)
+            conn.execute(
+                "UPDATE runs SET tenant = ?, status = ?, origin = ?, failure_code = ?,"
+                " lease_expires_ms = ?, created_ms = ?, updated_ms = ?, doc = ?"
+                " WHERE run_id = ?",
+                (*_run_columns(new), run_id),
+            )
+            return doc
 
-        won, text = await self._call(cas)
-        if text is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        doc = decode(RunDocument, _loads(text, "run", run_id), what="run", ident=run_id)
-        return doc if won else CasConflict(doc)
+        return await self._write(cas)
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         where: list[str] = []
@@ -252,7 +246,7 @@ class SqliteRunStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY run_id LIMIT ?"
         args.append(query.limit)
-        rows = await self._call(lambda c: c.execute(sql, args).fetchall())
+        rows = await self._read(lambda c: c.execute(sql, args).fetchall())
         runs = [decode(RunDocument, _loads(d, "run", r), what="run", ident=r) for r, d in rows]
         next_after = runs[-1].run_id if len(runs) == query.limit and runs else None
         return RunPage(runs=runs, next_after=next_after)
@@ -262,19 +256,17 @@ class SqliteRunStore:
         args: tuple[str, ...] = ()
         if tenant is not None:
             sql, args = sql + " WHERE tenant = ?", (tenant,)
-        rows = await self._call(lambda c: c.execute(sql + " GROUP BY status", args).fetchall())
+        rows = await self._read(lambda c: c.execute(sql + " GROUP BY status", args).fetchall())
         return {RunStatus(status): int(n) for status, n in rows}
 
     async def delete_run(self, run_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
-            conn.execute("BEGIN IMMEDIATE")
             cur = conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM interactions WHERE run_id = ?", (run_id,))
-            conn.execute("COMMIT")
             return cur.rowcount > 0
 
-        return await self._call(delete)
+        return await self._write(delete)
 
     # -- events -------------------------------------------------------------------------------
 
@@ -290,37 +282,30 @@ class SqliteRunStore:
         at = utcnow()
 
         def append(conn: sqlite3.Connection) -> Event:
-            # IMMEDIATE serialises appenders across processes, so max(seq)+1 cannot collide;
-            # the primary key would refuse a duplicate if it ever did.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                (last,) = conn.execute(
-                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
-                ).fetchone()
-                event = Event(
-                    run_id=run_id,
-                    seq=last + 1,
-                    type=type,
-                    attempt=attempt,
-                    execution=execution,
-                    at=at,
-                    data=data or {},
-                )
-                conn.execute(
-                    "INSERT INTO events (run_id, seq, doc) VALUES (?, ?, ?)",
-                    (run_id, event.seq, _dumps(encode(event))),
-                )
-                conn.execute("COMMIT")
-                return event
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            # The write transaction (IMMEDIATE) serialises appenders across processes, so
+            # max(seq)+1 cannot collide; the primary key would refuse a duplicate if it did.
+            (last,) = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            event = Event(
+                run_id=run_id,
+                seq=last + 1,
+                type=type,
+                attempt=attempt,
+                execution=execution,
+                at=at,
+                data=data or {},
+            )
+            conn.execute(
+                "INSERT INTO events (run_id, seq, doc) VALUES (?, ?, ?)",
+                (run_id, event.seq, _dumps(encode(event))),
+            )
+            return event
 
-        return await self._call(append)
+        return await self._write(append)
 
     async def read_events(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
-        rows = await self._call(
+        rows = await self._read(
             lambda c: c.execute(
                 "SELECT seq, doc FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (run_id, after_seq, limit),
@@ -349,7 +334,7 @@ class SqliteRunStore:
             ).fetchone()
             return str(row[0])
 
-        text = await self._call(put)
+        text = await self._write(put)
         return self._interaction(text, interaction.id)
 
     def _interaction(self, text: str, ident: str) -> Interaction:
@@ -361,34 +346,25 @@ class SqliteRunStore:
         self, interaction_id: str, answers: dict[str, Any], at: datetime
     ) -> Interaction | None:
         def answer(conn: sqlite3.Connection) -> str | None:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = conn.execute(
-                    "SELECT doc FROM interactions WHERE id = ? AND status = ?",
-                    (interaction_id, InteractionStatus.PENDING.value),
-                ).fetchone()
-                if row is None:
-                    conn.execute("ROLLBACK")
-                    return None
-                doc = _loads(row[0], "interaction", interaction_id)
-                doc.update(status="answered", answers=answers, answered_at=to_ms(at))
-                conn.execute(
-                    "UPDATE interactions SET status = 'answered', doc = ? WHERE id = ?",
-                    (_dumps(doc), interaction_id),
-                )
-                conn.execute("COMMIT")
-                return _dumps(doc)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            row = conn.execute(
+                "SELECT doc FROM interactions WHERE id = ? AND status = ?",
+                (interaction_id, InteractionStatus.PENDING.value),
+            ).fetchone()
+            if row is None:
+                return None
+            doc = _loads(row[0], "interaction", interaction_id)
+            doc.update(status="answered", answers=answers, answered_at=to_ms(at))
+            conn.execute(
+                "UPDATE interactions SET status = 'answered', doc = ? WHERE id = ?",
+                (_dumps(doc), interaction_id),
+            )
+            return _dumps(doc)
 
-        text = await self._call(answer)
+        text = await self._write(answer)
         return None if text is None else self._interaction(text, interaction_id)
 
     async def retire_interactions(self, run_id: str) -> int:
         def retire(conn: sqlite3.Connection) -> int:
-            conn.execute("BEGIN IMMEDIATE")
             rows = conn.execute(
                 "SELECT id, doc FROM interactions WHERE run_id = ? AND status = 'pending'",
                 (run_id,),
@@ -400,10 +376,9 @@ class SqliteRunStore:
                     "UPDATE interactions SET status = 'retired', doc = ? WHERE id = ?",
                     (_dumps(doc), ident),
                 )
-            conn.execute("COMMIT")
             return len(rows)
 
-        return await self._call(retire)
+        return await self._write(retire)
 
     async def list_interactions(
         self, run_id: str, *, pending_only: bool = False
@@ -411,7 +386,7 @@ class SqliteRunStore:
         sql = "SELECT id, doc FROM interactions WHERE run_id = ?"
         if pending_only:
             sql += " AND status = 'pending'"
-        rows = await self._call(lambda c: c.execute(sql + " ORDER BY id", (run_id,)).fetchall())
+        rows = await self._read(lambda c: c.execute(sql + " ORDER BY id", (run_id,)).fetchall())
         return [self._interaction(text, ident) for ident, text in rows]
 
     # -- staged uploads -----------------------------------------------------------------------
@@ -426,10 +401,10 @@ class SqliteRunStore:
             except sqlite3.IntegrityError as exc:
                 raise StoreError(f"staged upload {record.id!r} already exists") from exc
 
-        await self._call(put)
+        await self._write(put)
 
     async def get_staged_upload(self, upload_id: str, tenant: str) -> StagedUpload | None:
-        row = await self._call(
+        row = await self._read(
             lambda c: c.execute(
                 "SELECT doc FROM staged_uploads WHERE id = ? AND tenant = ?", (upload_id, tenant)
             ).fetchone()
@@ -440,17 +415,19 @@ class SqliteRunStore:
         return decode(StagedUpload, raw, what="staged upload", ident=upload_id)
 
     async def delete_staged_upload(self, upload_id: str, tenant: str) -> bool:
-        cur = await self._call(
-            lambda c: c.execute(
-                "DELETE FROM staged_uploads WHERE id = ? AND tenant = ?", (upload_id, tenant)
+        return await self._write(
+            lambda c: (
+                c.execute(
+                    "DELETE FROM staged_uploads WHERE id = ? AND tenant = ?", (upload_id, tenant)
+                ).rowcount
+                > 0
             )
         )
-        return cur.rowcount > 0
 
     async def list_staged_uploads_before(
         self, cutoff: datetime, limit: int = 100
     ) -> list[StagedUpload]:
-        rows = await self._call(
+        rows = await self._read(
             lambda c: c.execute(
                 "SELECT id, doc FROM staged_uploads WHERE created_ms < ? ORDER BY created_ms"
                 " LIMIT ?",
@@ -478,19 +455,13 @@ class SqliteRunStore:
             )
             return cur.rowcount > 0
 
-        return await self._call(lock)
+        return await self._write(lock)
 
     async def ping(self) -> None:
-        await self._call(lambda c: c.execute("SELECT 1").fetchone())
+        await self._read(lambda c: c.execute("SELECT 1").fetchone())
 
     async def close(self) -> None:
-        def close(conn: sqlite3.Connection) -> None:
-            conn.close()
-
-        try:
-            await self._call(close)
-        finally:
-            self._executor.shutdown(wait=True)
+        await self._worker.close()
 
 
 def _translate(exc: sqlite3.Error, path: Path) -> StoreError:

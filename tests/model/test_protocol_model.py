@@ -36,7 +36,7 @@ What the model supplies:
   loss_margin` is the keeper giving up, and an event append is abandoned once the lease's time
   is out (`EventLog`'s deadline): both decided on model time instead of racing a real 1 ms
   timeout;
-- the store's operations run on the loop's thread (`InlineExecutor`) in a tmpfs file: the same
+- the store's operations run on the loop's thread (`InlineWorker`) in a tmpfs file: the same
   SQL and transactions without a thread hop and an fsync per step;
 - node results and the scratch record a teardown banks are drawn when they happen.
 
@@ -63,13 +63,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
 import contextlib
 import contextvars
 import json
 import logging
 import os
 import shutil
+import sqlite3
 import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
@@ -142,6 +142,7 @@ from store import (
     Update,
 )
 from store.sqlite import SqliteRunStore
+from store.sqlite import connect as sqlite_connect
 from store.timeutil import truncate_ms
 from tests.model.broker import Clock, Delivered, WorkQueue
 
@@ -348,19 +349,31 @@ class AdvisoryState:
 # -- the world as the product sees it ----------------------------------------------------------
 
 
-class InlineExecutor(concurrent.futures.Executor):
-    """Runs the store's operations on the loop's thread. `SqliteRunStore` normally hands each
-    to its own thread (ADR-0003); here one actor runs at a time anyway, and a thread hop per
-    operation (about a millisecond on these machines) would be most of an example's time. The
-    SQL, the transactions and the CAS are the store's own."""
+class InlineWorker:
+    """Runs the store's operations on the loop's thread, each write in its own transaction.
+    `SqliteRunStore` normally hands them to its own thread (`SqliteWorker`, with group commit);
+    here one actor runs at a time anyway, and a thread hop per operation (about a millisecond
+    on these machines) would be most of an example's time. The SQL and the CAS are the store's
+    own."""
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        return fn(self._conn)
+
+    async def write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        self._conn.execute("BEGIN IMMEDIATE")
         try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
-            future.set_exception(exc)
-        return future
+            result = fn(self._conn)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return result
+
+    async def close(self) -> None:
+        self._conn.close()
 
 
 class _Abandoned(Exception):
@@ -780,9 +793,8 @@ class ProtocolModel(RuleBasedStateMachine):
         self._patch_all()
         self._log = _Errors(self)
         logging.getLogger().addHandler(self._log)
-        self.raw = self.run(SqliteRunStore.open(self.tmp / "runs.db"))
-        self.raw._executor.shutdown(wait=True)
-        self.raw._executor = InlineExecutor()
+        db = self.tmp / "runs.db"
+        self.raw = SqliteRunStore(db, InlineWorker(sqlite_connect(db, 10_000)))  # type: ignore[arg-type]
         self.store = WatchedStore(self.raw, self)
         self.js = ModelJetStream(self)
         self.nc = ModelNats(self)
