@@ -8,6 +8,7 @@ person (or the sweeper) can pick it up.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 from typing import Any, Literal
@@ -225,11 +226,15 @@ class Publisher:
                 attempt=1,
             )
             raise
-        await self.record_publication(doc, ack)
-        await self.store.append_event(
-            doc.run_id, "run_queued", {"attempt": 1, "kind": "launch"}, attempt=1
+        # Independent writes, sent together (on SQLite they usually share one commit). The
+        # recorded document is the answer unless a claim recorded its delivery first.
+        recorded, _ = await asyncio.gather(
+            self.record_publication(doc, ack),
+            self.store.append_event(
+                doc.run_id, "run_queued", {"attempt": 1, "kind": "launch"}, attempt=1
+            ),
         )
-        return await self.store.get_run(doc.run_id)
+        return recorded if recorded is not None else await self.store.get_run(doc.run_id)
 
     # -- resume and replay --------------------------------------------------------------------
 

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from types import TracebackType
+
+import nats.errors
 
 from engine.cancel import CancelSignal
 from engine.lease import LeaseKeeper
 from runner.deliveries import Delivery
 from runner.services import RunnerServices
 from store import RunDocument
+
+log = logging.getLogger(__name__)
 
 
 class HeldLease:
@@ -46,6 +51,17 @@ class HeldLease:
         await self.delivery.in_progress()
 
     async def __aenter__(self) -> HeldLease:
+        # The claim's working ack. JetStream counts `ack_wait` (TTL + skew) from the delivery,
+        # but the lease's `expires_at` counts TTL from admission's `now`, which comes later
+        # (fetch, dispatch, the run's read). Without this, a runner that dies before its first
+        # refresh leaves a redelivery that can land before its lease is free, and the adopter
+        # naks it for a whole lease interval (SPEC §5.2 step 5). Restarting `ack_wait` here,
+        # after the claim's CAS, puts the redelivery after `expires_at + skew`. Fire-and-forget
+        # like every beat's: a lost one costs at most the interval it was meant to save.
+        try:
+            await self.delivery.in_progress()
+        except nats.errors.Error as exc:
+            log.warning("run %s: the claim's working ack failed: %s", self.run.run_id, exc)
         self.svc.executions[self.run.run_id] = self.cancel
         self._task = asyncio.ensure_future(self.keeper.run())
         return self

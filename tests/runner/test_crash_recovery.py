@@ -5,10 +5,19 @@ at-least-once, SPEC §6.2), completed nodes never do (SPEC §13.6)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
-from store import RunStatus
+from engine.sandbox.local import LocalSandboxDriver
+from runner.config import RunnerSettings
+from runner.deliveries import Delivery
+from runner.delivery import handle
+from runner.runner import Runner
+from store import CasConflict, Condition, RunDocument, RunStatus, RunStore, Update
+from store.sqlite import SqliteRunStore
 from tests.runner.conftest import Fleet, eventually
 from tests.runner.procs import (
     ledger,
@@ -18,6 +27,7 @@ from tests.runner.procs import (
     wait_for_ledger,
     workflow,
 )
+from tests.runner.test_fencing import GatedStore, deliveries
 
 
 async def test_sigkill_mid_run_another_runner_adopts_after_the_lease_lapses_and_finishes_from_the_checkpoint(  # noqa: E501
@@ -64,3 +74,83 @@ async def test_sigkill_mid_run_another_runner_adopts_after_the_lease_lapses_and_
     ]
     assert sample(b, "runfleet_claims_total", path="adoption", outcome="won") == 1
     assert await fleet.queue_drained()
+
+
+class SilencedAfterClaim(GatedStore):
+    """Runner A's store: every write after the claim hangs, as if A died right after claiming
+    (before its first lease refresh, so before its first working ack)."""
+
+    async def update_run(
+        self, run_id: str, conditions: Sequence[Condition], update: Update
+    ) -> RunDocument | CasConflict:
+        result = await super().update_run(run_id, conditions, update)
+        if isinstance(result, RunDocument) and "lease" in update.set:
+            self.shut()
+        return result
+
+
+async def test_a_claim_restarts_ack_wait_so_a_dead_owners_redelivery_finds_its_lease_free(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """JetStream counts `ack_wait` (= TTL + skew) from the delivery, the claim stamps
+    `expires_at = now + TTL` with `now` taken when admission judged it. A runner slow to judge
+    its delivery and dead before its first refresh would leave a redelivery that lands before
+    the lease is free: the adopter would nak it for a whole lease interval (SPEC §5.2 step 5).
+    The claim's working ack restarts `ack_wait`, so the redelivery comes after the lease is
+    free and is adopted at once (docs/performance.md, recovery)."""
+    book, release = tmp_path / "ledger", tmp_path / "release"
+    release.touch()
+    silenced = SilencedAfterClaim(await SqliteRunStore.open(fleet.tmp / "runs.db"))
+    a = Runner(
+        store=cast(RunStore, silenced),
+        driver=LocalSandboxDriver(fleet.tmp / "host-a"),
+        data_dir=fleet.tmp / "host-a",
+        blobs=fleet.blobs,
+        settings=RunnerSettings(http_host="127.0.0.1", sweeper=False, backstop=False),
+        engine=fleet.engine,
+        wire=fleet.wire,
+        owner="runner-a",
+        consume=False,
+    )
+    a_delivery: asyncio.Task[None] | None = None
+    try:
+        await a.start()
+        assert a.svc is not None
+        fleet.runners.append(a)
+        run = await fleet.launch(
+            workflow("three_steps"), {"ledger": str(book), "release": str(release)}
+        )
+        psub = await fleet.js.pull_subscribe_bind(
+            fleet.names.consumer, stream=fleet.names.runs_stream
+        )
+        [msg] = await psub.fetch(1, timeout=5)
+        await psub.unsubscribe()
+        # A is slow to judge its delivery: a third of the lease TTL passes before admission.
+        await asyncio.sleep(fleet.engine.lease_timing().ttl.total_seconds() / 3)
+        a_delivery = asyncio.ensure_future(
+            handle(a.svc, Delivery.from_msg(msg, fleet.wire.max_deliver))
+        )
+
+        async def claimed() -> RunDocument | None:
+            doc = await fleet.store.get_run(run.run_id)
+            return doc if doc.lease is not None else None
+
+        held = await eventually(claimed)
+        assert held.lease is not None and held.lease.owner == "runner-a"
+        lease_free_at = held.lease.expires_at + fleet.engine.lease_skew
+
+        b = await fleet.start_runner()
+        await fleet.wait_status(run.run_id, "finished", within=30)
+        events = await fleet.store.read_events(run.run_id)
+        adoption = next(e for e in events if e.type == "run_claimed")
+        assert (adoption.data["path"], adoption.data["runner"]) == ("adoption", b.owner)
+        assert adoption.at >= lease_free_at
+        assert b.svc is not None
+        naks = deliveries(b.svc.metrics).get(("nak", "redelivery_while_owner_lives"), 0)
+        assert naks == 0, "the redelivery came while the dead owner's lease was still live"
+    finally:
+        if a_delivery is not None and not a_delivery.done():
+            a_delivery.cancel()
+            await asyncio.wait([a_delivery])
+        await a.shutdown()
+        await silenced.inner.close()
