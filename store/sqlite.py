@@ -111,6 +111,30 @@ def _run_columns(doc: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
+_COLUMN_OF = {"status": "status", "origin": "origin", "failure_code": "failure_code"}
+
+
+def _changed_columns(update: Update) -> tuple[str, ...]:
+    """The query columns an update can change (besides `doc`). Setting only those keeps SQLite
+    from rewriting index entries whose value did not move: a lease refresh or a checkpoint
+    touches no index but the lease's."""
+    tops = {path.split(".", 1)[0] for path in [*update.set, *update.unset]}
+    columns = [_COLUMN_OF[top] for top in sorted(tops) if top in _COLUMN_OF]
+    if "lease" in tops:
+        columns.append("lease_expires_ms")
+    if update.bump_version:
+        columns.append("updated_ms")
+    return tuple(columns)
+
+
+def _column_value(doc: dict[str, Any], column: str) -> Any:
+    if column == "lease_expires_ms":
+        return (doc.get("lease") or {}).get("expires_at")
+    if column == "updated_ms":
+        return doc["updated_at"]
+    return doc.get(column)
+
+
 def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     """A connection in WAL mode with the schema in place (blocking: call it off the loop)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,6 +216,10 @@ class SqliteRunStore:
         self, run_id: str, conditions: Sequence[Condition], update: Update
     ) -> RunDocument | CasConflict:
         check_update(conditions, update)
+        columns = _changed_columns(update)
+        sql = (
+            "UPDATE runs SET " + "".join(f"{c} = ?, " for c in columns) + "doc = ? WHERE run_id = ?"
+        )
 
         def cas(conn: sqlite3.Connection) -> RunDocument | CasConflict:
             row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -204,12 +232,7 @@ class SqliteRunStore:
             # Validated before writing (a write that would store an invalid run is refused),
             # and that model is the answer: the document is not parsed twice.
             doc = decode(RunDocument, new, what="run update", ident=run_id)
-            conn.execute(
-                "UPDATE runs SET tenant = ?, status = ?, origin = ?, failure_code = ?,"
-                " lease_expires_ms = ?, created_ms = ?, updated_ms = ?, doc = ?"
-                " WHERE run_id = ?",
-                (*_run_columns(new), run_id),
-            )
+            conn.execute(sql, (*(_column_value(new, c) for c in columns), _dumps(new), run_id))
             return doc
 
         return await self._write(cas)
