@@ -166,7 +166,9 @@ class SqliteRunStore:
         path = Path(path)
         try:
             worker = await SqliteWorker.start(
-                lambda: connect(path, busy_timeout_ms), f"sqlite-{path.name}"
+                lambda: connect(path, busy_timeout_ms),
+                f"sqlite-{path.name}",
+                busy_timeout_s=busy_timeout_ms / 1000,
             )
         except sqlite3.DatabaseError as exc:
             raise _translate(exc, path) from exc

@@ -14,6 +14,11 @@ single `BEGIN IMMEDIATE … COMMIT`, each in its own savepoint, and the reads ru
   per batch, not once per write. With one write waiting it is the plain transaction it was.
 
 The results of a batch go back to the event loop in one `call_soon_threadsafe`.
+
+Waiting for another process's write lock is done here, not by SQLite's busy handler: that one
+sleeps 1, 2, 5, 10 … 100 ms between tries and is not woken when the lock frees, so a writer
+waited far longer than the lock was held (docs/performance.md, "SQLite between processes").
+This thread polls every 0.1 to 1 ms instead, up to the same busy timeout.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -56,8 +62,17 @@ class _Stop:
 class SqliteWorker:
     """One connection, one thread, group commit for writes."""
 
-    def __init__(self, conn: sqlite3.Connection, name: str, *, max_batch: int = MAX_BATCH):
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        *,
+        busy_timeout_s: float = 10.0,
+        max_batch: int = MAX_BATCH,
+    ):
         self._conn = conn
+        self._busy_timeout_s = busy_timeout_s
+        conn.execute("PRAGMA busy_timeout = 0")  # `_patiently` waits instead
         self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
         self._max_batch = max_batch
         self._closed = False
@@ -65,10 +80,12 @@ class SqliteWorker:
         self._thread.start()
 
     @classmethod
-    async def start(cls, connect: Callable[[], sqlite3.Connection], name: str) -> SqliteWorker:
+    async def start(
+        cls, connect: Callable[[], sqlite3.Connection], name: str, *, busy_timeout_s: float
+    ) -> SqliteWorker:
         """Connect on a fresh thread (opening a file is blocking I/O), then serve on it."""
         conn = await asyncio.to_thread(connect)
-        return cls(conn, name)
+        return cls(conn, name, busy_timeout_s=busy_timeout_s)
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` outside any transaction (a read sees the last commit)."""
@@ -113,23 +130,39 @@ class SqliteWorker:
                 self._commit(writes)
             for op in ops:
                 if not op.writes:
-                    op.outcome = self._attempt(op.fn)
+                    op.outcome = self._attempt(self._patiently, op.fn)
             self._deliver(ops)
             if any(isinstance(op, _Stop) for op in batch):
                 self._drain_after_stop()
                 self._conn.close()
                 return
 
-    def _attempt(self, fn: Work) -> tuple[bool, Any]:
+    def _attempt(self, *how: Any) -> tuple[bool, Any]:
+        """`(True, result)` or `(False, exception)` of calling `how[0](*how[1:], conn)`."""
+        fn, *args = how
         try:
-            return True, fn(self._conn)
+            return True, fn(*args, self._conn)
         except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller
             return False, exc
+
+    def _patiently(self, fn: Work, conn: sqlite3.Connection) -> Any:
+        """`fn(conn)`, retried while another process holds a lock SQLite reports as busy."""
+        deadline = time.monotonic() + self._busy_timeout_s
+        pause = 0.0001
+        while True:
+            try:
+                return fn(conn)
+            except sqlite3.OperationalError as exc:
+                busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.001)
 
     def _commit(self, writes: list[_Op]) -> None:
         conn = self._conn
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            self._patiently(lambda c: c.execute("BEGIN IMMEDIATE"), conn)
         except sqlite3.Error as exc:
             for op in writes:
                 op.outcome = (False, exc)

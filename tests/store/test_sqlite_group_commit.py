@@ -136,3 +136,27 @@ async def test_a_closed_store_refuses_with_a_typed_error(tmp_path: Path, make_ru
     await store.close()
     with pytest.raises(StoreError, match="closed"):
         await store.create_run(make_run())
+
+
+async def test_a_write_waits_for_another_processs_lock_and_lands_when_it_frees(
+    tmp_path: Path, make_run: MakeRun
+) -> None:
+    """The worker waits for the write lock itself (SQLite's busy handler is off): a write
+    behind another connection's transaction neither fails at once nor is lost."""
+    store = await SqliteRunStore.open(tmp_path / "runs.db", busy_timeout_ms=20_000)
+    try:
+        run = await store.create_run(make_run())
+        blocker = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            write = asyncio.ensure_future(store.append_event(run.run_id, "after_the_lock"))
+            done, _ = await asyncio.wait({write}, timeout=0.3)
+            assert not done, "the write should wait for the lock, not fail"
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        event = await write
+        assert event.seq == 1
+        assert [e.type for e in await store.read_events(run.run_id)] == ["after_the_lock"]
+    finally:
+        await store.close()
