@@ -88,7 +88,9 @@ class Execution:
         self.blobs = blobs
         self.writer = FencedWriter(store, run.run_id, token, run.attempt, cancel)
         self.events = events or EventLog(store, run.run_id, run.attempt, token, cancel)
-        self.workflow: Workflow = load_stored_workflow(run.workflow.source, f"run {run.run_id}").workflow
+        self.workflow: Workflow = load_stored_workflow(
+            run.workflow.source, f"run {run.run_id}"
+        ).workflow
         self.checkpoint = (
             run.checkpoint.model_copy(deep=True) if run.checkpoint is not None else Checkpoint()
         )

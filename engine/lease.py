@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,7 +79,13 @@ class LeaseKeeper:
         return self._stop.is_set()
 
     async def run(self) -> None:
-        while not await self._pause(self.timing.interval.total_seconds()):
+        # The first beat comes at a random point in the second half of the interval: runs
+        # claimed in a burst (a backlog draining) would otherwise refresh in the same instant
+        # every interval, queueing on the store. Earlier than the interval is always safe.
+        interval = self.timing.interval.total_seconds()
+        pause = interval * random.uniform(0.5, 1.0)
+        while not await self._pause(pause):
+            pause = interval
             if not await self.refresh_once():
                 return
             if self.on_beat is not None:
