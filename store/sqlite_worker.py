@@ -125,17 +125,31 @@ class SqliteWorker:
                 except queue.Empty:
                     break
             ops = [op for op in batch if isinstance(op, _Op) and not op.future.cancelled()]
-            writes = [op for op in ops if op.writes]
-            if writes:
-                self._commit(writes)
-            for op in ops:
-                if not op.writes:
-                    op.outcome = self._attempt(self._patiently, op.fn)
+            try:
+                self._run_batch(ops)
+            except BaseException as exc:  # a caller must never wait forever
+                # Only something like `SystemExit` raised by an operation gets here: fail the
+                # whole batch (its transaction, if any, was not committed) and keep serving.
+                log.exception("the SQLite store thread caught %r; its batch failed", exc)
+                if self._conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
+                failure = StoreError(f"the store operation failed: {exc!r}")
+                for op in ops:
+                    op.outcome = (False, failure)
             self._deliver(ops)
             if any(isinstance(op, _Stop) for op in batch):
                 self._drain_after_stop()
                 self._conn.close()
                 return
+
+    def _run_batch(self, ops: list[_Op]) -> None:
+        writes = [op for op in ops if op.writes]
+        if writes:
+            self._commit(writes)
+        for op in ops:
+            if not op.writes:
+                op.outcome = self._attempt(self._patiently, op.fn)
 
     def _attempt(self, *how: Any) -> tuple[bool, Any]:
         """`(True, result)` or `(False, exception)` of calling `how[0](*how[1:], conn)`."""

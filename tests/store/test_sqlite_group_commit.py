@@ -160,3 +160,18 @@ async def test_a_write_waits_for_another_processs_lock_and_lands_when_it_frees(
         assert [e.type for e in await store.read_events(run.run_id)] == ["after_the_lock"]
     finally:
         await store.close()
+
+
+async def test_an_operation_raising_systemexit_fails_its_batch_and_the_store_keeps_serving(
+    sqlite_store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    def exits(conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM runs")  # inside the batch's transaction: must not commit
+        raise SystemExit(3)
+
+    run = await sqlite_store.create_run(make_run())
+    with pytest.raises(StoreError, match="SystemExit"):
+        await sqlite_store._worker.write(exits)
+    assert (await sqlite_store.get_run(run.run_id)).run_id == run.run_id
+    other = await sqlite_store.create_run(make_run())
+    assert (await sqlite_store.get_run(other.run_id)).run_id == other.run_id
