@@ -114,7 +114,8 @@ class Execution:
         if self._sandbox is not None:
             await self._sandbox.stop()
             self._sandbox = None
-        await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+        if self.workspace.exists():  # a compute-only run never made one: no thread hop
+            await asyncio.to_thread(shutil.rmtree, self.workspace, True)
 
     # -- the walk ------------------------------------------------------------------------------
 
