@@ -42,6 +42,7 @@ from publisher.wire import MessageKind, ResumeCopy, RunMessage, WireNames, encod
 from store import (
     CasConflict,
     Eq,
+    EventDraft,
     LeaseFree,
     Ne,
     Origin,
@@ -201,9 +202,9 @@ class Publisher:
             created_at=now,
             updated_at=now,
         )
-        await self.store.create_run(doc)
-        await self.store.append_event(
-            doc.run_id, "run_launched", {"workflow": loaded.workflow.name}, attempt=1
+        await self.store.create_run(
+            doc,
+            first_event=EventDraft("run_launched", {"workflow": loaded.workflow.name}, attempt=1),
         )
         try:
             ack = await self.publish(doc, "launch")

@@ -38,7 +38,7 @@ from store.models import (
     StagedUpload,
     WorkflowRef,
 )
-from store.protocols import BlobInfo, BlobStore, RunPage, RunQuery, RunStore
+from store.protocols import BlobInfo, BlobStore, EventDraft, RunPage, RunQuery, RunStore
 from store.timeutil import UtcDatetime, utcnow
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "DocumentInvalid",
     "Eq",
     "Event",
+    "EventDraft",
     "IllegalTransition",
     "In",
     "Interaction",

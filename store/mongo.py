@@ -57,7 +57,7 @@ from store.models import (
     RunStatus,
     StagedUpload,
 )
-from store.protocols import RunPage, RunQuery
+from store.protocols import EventDraft, RunPage, RunQuery
 from store.timeutil import to_ms, utcnow
 
 P = ParamSpec("P")
@@ -301,9 +301,19 @@ class MongoRunStore:
     def _run(self, raw: Doc) -> RunDocument:
         return decode(RunDocument, raw, what="run", ident=str(raw.get("_id")))
 
-    async def create_run(self, doc: RunDocument) -> RunDocument:
+    async def create_run(
+        self, doc: RunDocument, *, first_event: EventDraft | None = None
+    ) -> RunDocument:
         if not await self._insert("create run", self._runs, {**encode(doc), "_id": doc.run_id}):
             raise RunAlreadyExists(f"run {doc.run_id!r} already exists")
+        if first_event is not None:  # single-document operations: the append follows
+            await self.append_event(
+                doc.run_id,
+                first_event.type,
+                first_event.data,
+                attempt=first_event.attempt,
+                execution=first_event.execution,
+            )
         return doc
 
     async def get_run(self, run_id: str) -> RunDocument:

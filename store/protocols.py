@@ -43,6 +43,16 @@ class RunQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class EventDraft:
+    """An event to append together with a write (see `RunStore.create_run`)."""
+
+    type: str
+    data: dict[str, Any]
+    attempt: int | None = None
+    execution: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunPage:
     runs: list[RunDocument]
     next_after: str | None
@@ -51,9 +61,13 @@ class RunPage:
 
 @runtime_checkable
 class RunStore(Protocol):
-    async def create_run(self, doc: RunDocument) -> RunDocument:
+    async def create_run(
+        self, doc: RunDocument, *, first_event: EventDraft | None = None
+    ) -> RunDocument:
         """Insert a new run. Create-only: an existing `run_id` raises `RunAlreadyExists` and
-        leaves the existing document untouched."""
+        leaves the existing document untouched. `first_event` is appended right after the run
+        is created (in the same transaction where the store has them), never when it is
+        refused: a launch's `run_launched` costs no extra round trip."""
         ...
 
     async def get_run(self, run_id: str) -> RunDocument:

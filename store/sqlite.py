@@ -38,7 +38,7 @@ from store.models import (
     RunStatus,
     StagedUpload,
 )
-from store.protocols import RunPage, RunQuery
+from store.protocols import EventDraft, RunPage, RunQuery
 from store.sqlite_worker import SqliteWorker
 from store.timeutil import to_ms, utcnow
 
@@ -189,8 +189,11 @@ class SqliteRunStore:
 
     # -- runs ---------------------------------------------------------------------------------
 
-    async def create_run(self, doc: RunDocument) -> RunDocument:
+    async def create_run(
+        self, doc: RunDocument, *, first_event: EventDraft | None = None
+    ) -> RunDocument:
         stored = encode(doc)
+        at = utcnow()
 
         def insert(conn: sqlite3.Connection) -> None:
             try:
@@ -202,6 +205,8 @@ class SqliteRunStore:
                 )
             except sqlite3.IntegrityError as exc:
                 raise RunAlreadyExists(f"run {doc.run_id!r} already exists") from exc
+            if first_event is not None:
+                _append(conn, doc.run_id, first_event, at)
 
         await self._write(insert)
         return doc
@@ -307,25 +312,7 @@ class SqliteRunStore:
         at = utcnow()
 
         def append(conn: sqlite3.Connection) -> Event:
-            # The write transaction (IMMEDIATE) serialises appenders across processes, so
-            # max(seq)+1 cannot collide; the primary key would refuse a duplicate if it did.
-            (last,) = conn.execute(
-                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
-            ).fetchone()
-            event = Event(
-                run_id=run_id,
-                seq=last + 1,
-                type=type,
-                attempt=attempt,
-                execution=execution,
-                at=at,
-                data=data or {},
-            )
-            conn.execute(
-                "INSERT INTO events (run_id, seq, doc) VALUES (?, ?, ?)",
-                (run_id, event.seq, _dumps(encode(event))),
-            )
-            return event
+            return _append(conn, run_id, EventDraft(type, data or {}, attempt, execution), at)
 
         return await self._write(append)
 
@@ -487,6 +474,29 @@ class SqliteRunStore:
 
     async def close(self) -> None:
         await self._worker.close()
+
+
+def _append(conn: sqlite3.Connection, run_id: str, draft: EventDraft, at: datetime) -> Event:
+    """Append inside the caller's write transaction. The transaction (IMMEDIATE) serialises
+    appenders across processes, so max(seq)+1 cannot collide; the primary key would refuse a
+    duplicate if it did."""
+    (last,) = conn.execute(
+        "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    event = Event(
+        run_id=run_id,
+        seq=last + 1,
+        type=draft.type,
+        attempt=draft.attempt,
+        execution=draft.execution,
+        at=at,
+        data=draft.data,
+    )
+    conn.execute(
+        "INSERT INTO events (run_id, seq, doc) VALUES (?, ?, ?)",
+        (run_id, event.seq, _dumps(encode(event))),
+    )
+    return event
 
 
 def _translate(exc: sqlite3.Error, path: Path) -> StoreError:

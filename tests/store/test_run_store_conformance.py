@@ -38,7 +38,7 @@ from store.models import (
     StagedFile,
     StagedUpload,
 )
-from store.protocols import RunQuery, RunStore
+from store.protocols import EventDraft, RunQuery, RunStore
 from store.sqlite import SqliteRunStore
 from store.timeutil import utcnow
 
@@ -84,6 +84,26 @@ async def test_create_only_refuses_an_existing_id(run_store: RunStore, make_run:
     with pytest.raises(RunAlreadyExists):
         await run_store.create_run(impostor)
     assert await run_store.get_run(original.run_id) == original
+
+
+async def test_create_with_a_first_event_appends_it_after_the_run_and_never_on_refusal(
+    run_store: RunStore, make_run: MakeRun
+):
+    run = make_run()
+    draft = EventDraft("run_launched", {"workflow": "hello"}, attempt=1)
+    await run_store.create_run(run, first_event=draft)
+    [event] = await run_store.read_events(run.run_id)
+    assert (event.seq, event.type, event.data, event.attempt) == (
+        1,
+        "run_launched",
+        {"workflow": "hello"},
+        1,
+    )
+    with pytest.raises(RunAlreadyExists):
+        await run_store.create_run(run, first_event=EventDraft("run_launched", {}, attempt=1))
+    assert [e.seq for e in await run_store.read_events(run.run_id)] == [1]
+    appended = await run_store.append_event(run.run_id, "run_queued", {}, attempt=1)
+    assert appended.seq == 2
 
 
 async def test_create_and_get_round_trip_datetimes_as_aware_utc_at_ms_precision(
