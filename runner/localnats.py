@@ -88,7 +88,11 @@ class NatsServer:
             str(self.work_dir),
         ]
         with self.log_path.open("ab") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            # Its own session: a terminal's Ctrl-C goes to the whole foreground process group,
+            # and `runfleet up` needs the server alive until its runners have handed off.
+            proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self._proc = proc
         try:
             self.port = self._wait_for_port(proc, timeout)

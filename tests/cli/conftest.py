@@ -237,6 +237,9 @@ class Up:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                # Its own process group, as a shell gives a foreground job: `stop` then sends
+                # Ctrl-C the way a terminal does, to the whole group.
+                start_new_session=True,
             )
         up = cls(data, env, proc, out_path, runners)
         try:
@@ -355,9 +358,10 @@ class Up:
     # -- stop -------------------------------------------------------------------------------
 
     def stop(self, within: float) -> int:
-        """Ctrl-C (SIGINT) and wait; returns the exit code."""
+        """Ctrl-C (SIGINT) as a terminal sends it, to `up`'s whole process group; wait, and
+        return the exit code."""
         self.track()
-        self.proc.send_signal(signal.SIGINT)
+        os.killpg(self.proc.pid, signal.SIGINT)
         try:
             return self.proc.wait(timeout=within)
         except subprocess.TimeoutExpired:
