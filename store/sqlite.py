@@ -6,10 +6,10 @@ every operation is a function submitted to that thread in a single hop: the even
 blocks on disk, and a compare-and-set is `SELECT; UPDATE` inside a `BEGIN IMMEDIATE` transaction
 with no await in between, so it is atomic against other tasks *and* other processes (IMMEDIATE
 takes the write lock first). Writes waiting together share one transaction (group commit, see
-`store.sqlite_worker`); none is reported before its commit.
+`store.sqlite_worker` and ADR-0009); none is reported before its commit.
 
 Documents are stored as JSON in storage form (instants as epoch ms); the columns beside `doc` are
-copies of the fields the queries filter on, rewritten with the document on every write.
+copies of the fields the queries filter on; a write rewrites the ones it can change.
 """
 
 from __future__ import annotations
@@ -97,20 +97,6 @@ def _loads(text: str, what: str, ident: str) -> Any:
         raise StoreCorrupt(f"stored {what} {ident!r} is not valid JSON: {exc}") from exc
 
 
-def _run_columns(doc: dict[str, Any]) -> tuple[Any, ...]:
-    lease = doc.get("lease") or {}
-    return (
-        doc["tenant"],
-        doc["status"],
-        doc["origin"],
-        doc.get("failure_code"),
-        lease.get("expires_at"),
-        doc["created_at"],
-        doc["updated_at"],
-        _dumps(doc),
-    )
-
-
 _COLUMN_OF = {"status": "status", "origin": "origin", "failure_code": "failure_code"}
 
 
@@ -127,12 +113,28 @@ def _changed_columns(update: Update) -> tuple[str, ...]:
     return tuple(columns)
 
 
+_QUERY_COLUMNS = (
+    "tenant",
+    "status",
+    "origin",
+    "failure_code",
+    "lease_expires_ms",
+    "created_ms",
+    "updated_ms",
+)
+"""The copies of document fields beside `doc`, in the `runs` table's column order."""
+
+
 def _column_value(doc: dict[str, Any], column: str) -> Any:
     if column == "lease_expires_ms":
         return (doc.get("lease") or {}).get("expires_at")
-    if column == "updated_ms":
-        return doc["updated_at"]
+    if column in ("created_ms", "updated_ms"):
+        return doc[column.replace("_ms", "_at")]
     return doc.get(column)
+
+
+def _run_columns(doc: dict[str, Any]) -> tuple[Any, ...]:
+    return (*(_column_value(doc, c) for c in _QUERY_COLUMNS), _dumps(doc))
 
 
 def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:

@@ -1,4 +1,4 @@
-"""The thread that owns a SQLite connection, with group commit (docs/performance.md, fix 3).
+"""The thread that owns a SQLite connection, with group commit (ADR-0009; docs/performance.md).
 
 Every `SqliteRunStore` operation is a function of the connection, handed to this one thread.
 The thread takes everything that is waiting at once: the writes run one after another inside a
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import sqlite3
@@ -149,13 +150,12 @@ class SqliteWorker:
             self._commit(writes)
         for op in ops:
             if not op.writes:
-                op.outcome = self._attempt(self._patiently, op.fn)
+                op.outcome = self._attempt(functools.partial(self._patiently, op.fn))
 
-    def _attempt(self, *how: Any) -> tuple[bool, Any]:
-        """`(True, result)` or `(False, exception)` of calling `how[0](*how[1:], conn)`."""
-        fn, *args = how
+    def _attempt(self, fn: Work) -> tuple[bool, Any]:
+        """`(True, fn(conn))`, or `(False, the exception)` for the awaiting caller."""
         try:
-            return True, fn(*args, self._conn)
+            return True, fn(self._conn)
         except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller
             return False, exc
 

@@ -9,14 +9,10 @@ import asyncio
 import signal
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
-from engine.sandbox.local import LocalSandboxDriver
-from runner.config import RunnerSettings
 from runner.deliveries import Delivery
 from runner.delivery import handle
-from runner.runner import Runner
-from store import CasConflict, Condition, RunDocument, RunStatus, RunStore, Update
+from store import CasConflict, Condition, RunDocument, RunStatus, Update
 from store.sqlite import SqliteRunStore
 from tests.runner.conftest import Fleet, eventually
 from tests.runner.procs import (
@@ -27,7 +23,12 @@ from tests.runner.procs import (
     wait_for_ledger,
     workflow,
 )
-from tests.runner.test_fencing import GatedStore, deliveries
+from tests.runner.test_fencing import (
+    GatedStore,
+    deliveries,
+    host_a_runner,
+    take_one_delivery,
+)
 
 
 async def test_sigkill_mid_run_another_runner_adopts_after_the_lease_lapses_and_finishes_from_the_checkpoint(  # noqa: E501
@@ -101,17 +102,7 @@ async def test_a_claim_restarts_ack_wait_so_a_dead_owners_redelivery_finds_its_l
     book, release = tmp_path / "ledger", tmp_path / "release"
     release.touch()
     silenced = SilencedAfterClaim(await SqliteRunStore.open(fleet.tmp / "runs.db"))
-    a = Runner(
-        store=cast(RunStore, silenced),
-        driver=LocalSandboxDriver(fleet.tmp / "host-a"),
-        data_dir=fleet.tmp / "host-a",
-        blobs=fleet.blobs,
-        settings=RunnerSettings(http_host="127.0.0.1", sweeper=False, backstop=False),
-        engine=fleet.engine,
-        wire=fleet.wire,
-        owner="runner-a",
-        consume=False,
-    )
+    a = host_a_runner(fleet, silenced)
     a_delivery: asyncio.Task[None] | None = None
     try:
         await a.start()
@@ -120,11 +111,7 @@ async def test_a_claim_restarts_ack_wait_so_a_dead_owners_redelivery_finds_its_l
         run = await fleet.launch(
             workflow("three_steps"), {"ledger": str(book), "release": str(release)}
         )
-        psub = await fleet.js.pull_subscribe_bind(
-            fleet.names.consumer, stream=fleet.names.runs_stream
-        )
-        [msg] = await psub.fetch(1, timeout=5)
-        await psub.unsubscribe()
+        msg = await take_one_delivery(fleet)
         # A is slow to judge its delivery: a third of the lease TTL passes before admission.
         await asyncio.sleep(fleet.engine.lease_timing().ttl.total_seconds() / 3)
         a_delivery = asyncio.ensure_future(

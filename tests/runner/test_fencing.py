@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from nats.aio.msg import Msg
+
 from engine.outcome import CancelReason
 from engine.sandbox.local import LocalSandboxDriver
 from runner.config import RunnerSettings
@@ -110,6 +112,31 @@ def deliveries(metrics: RunnerMetrics) -> dict[tuple[str, str], float]:
     }
 
 
+def host_a_runner(fleet: Fleet, store: GatedStore) -> Runner:
+    """Runner A on "another host" (its own data dir), over `store`, with its fetch loop off
+    (the test hands it a delivery through the runner's own `handle`), and no sweeper or
+    backstop: only the execution writes."""
+    return Runner(
+        store=cast(RunStore, store),
+        driver=LocalSandboxDriver(fleet.tmp / "host-a"),
+        data_dir=fleet.tmp / "host-a",
+        blobs=fleet.blobs,
+        settings=RunnerSettings(http_host="127.0.0.1", sweeper=False, backstop=False),
+        engine=fleet.engine,
+        wire=fleet.wire,
+        owner="runner-a",
+        consume=False,
+    )
+
+
+async def take_one_delivery(fleet: Fleet) -> Msg:
+    """Fetch the next message from the fleet's consumer, as a runner's fetch would."""
+    psub = await fleet.js.pull_subscribe_bind(fleet.names.consumer, stream=fleet.names.runs_stream)
+    [msg] = await psub.fetch(1, timeout=5)
+    await psub.unsubscribe()
+    return msg
+
+
 async def test_runner_with_store_writes_blocked_past_its_ttl_cannot_write_the_run_after_another_runner_adopted_it(  # noqa: E501
     fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -120,17 +147,7 @@ async def test_runner_with_store_writes_blocked_past_its_ttl_cannot_write_the_ru
     # the test hands it the run's first delivery through the runner's own `handle`, so A takes
     # exactly that one delivery and never competes for the redeliveries meant for B. No sweeper
     # or backstop: only the execution writes.
-    a = Runner(
-        store=cast(RunStore, gated),
-        driver=LocalSandboxDriver(fleet.tmp / "host-a"),
-        data_dir=fleet.tmp / "host-a",
-        blobs=fleet.blobs,
-        settings=RunnerSettings(http_host="127.0.0.1", sweeper=False, backstop=False),
-        engine=fleet.engine,
-        wire=fleet.wire,
-        owner="runner-a",
-        consume=False,
-    )
+    a = host_a_runner(fleet, gated)
     a_delivery: asyncio.Task[None] | None = None
     try:
         await a.start()
@@ -139,11 +156,7 @@ async def test_runner_with_store_writes_blocked_past_its_ttl_cannot_write_the_ru
         run = await fleet.launch(
             workflow("three_steps"), {"ledger": str(book), "release": str(release)}
         )
-        psub = await fleet.js.pull_subscribe_bind(
-            fleet.names.consumer, stream=fleet.names.runs_stream
-        )
-        [msg] = await psub.fetch(1, timeout=5)
-        await psub.unsubscribe()
+        msg = await take_one_delivery(fleet)
         a_delivery = asyncio.ensure_future(
             handle(a.svc, Delivery.from_msg(msg, fleet.wire.max_deliver))
         )
