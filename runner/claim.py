@@ -5,6 +5,10 @@ carries `scratch`, `budget` and `workflow.source_hash` as judged), with the leas
 a new lease stamped with the delivery's stream sequence, points `publication.stream_seq` at that
 delivery, and clears `failure_code` / `error`. Only the fresh claim writes a resume's effects,
 and only for the attempt that carried them (SPEC §5.7).
+
+The publication is written as one whole object, never as `publication.<field>` paths: a fresh
+claim can beat the publisher's own `publication` write, and then the parent is still null, where
+`mongod` refuses a dotted `$set` (and the store refuses it on every backend, `UnwritablePath`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from store import (
     Eq,
     Lease,
     LeaseFree,
+    Publication,
     RunDocument,
     RunStatus,
     RunStore,
@@ -35,6 +40,15 @@ def _read_conditions(run: RunDocument, now: datetime, skew: timedelta) -> list[A
         Eq("version", run.version),
         LeaseFree(now, skew),
     ]
+
+
+def _publication(run: RunDocument, delivery: DeliveryInfo, now: datetime) -> Publication:
+    """The claimed delivery as the copy that carries the run. The delivery's message id is not
+    known here, so a recorded `msg_id` is kept only when it names this very copy."""
+    pub, msg_id = run.publication, None
+    if pub is not None and (pub.attempt, pub.stream_seq) == (run.attempt, delivery.stream_seq):
+        msg_id = pub.msg_id
+    return Publication(attempt=run.attempt, stream_seq=delivery.stream_seq, at=now, msg_id=msg_id)
 
 
 async def claim(
@@ -58,9 +72,7 @@ async def claim(
             stream_seq=delivery.stream_seq,
             expires_at=now + ttl,
         ).model_dump(),
-        "publication.attempt": run.attempt,
-        "publication.stream_seq": delivery.stream_seq,
-        "publication.at": now,
+        "publication": _publication(run, delivery, now).model_dump(),
         "failure_code": None,
         "error": None,
         "cause_code": None,

@@ -18,6 +18,7 @@ from store.errors import (
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
+    UnwritablePath,
 )
 from store.models import (
     Budget,
@@ -82,6 +83,7 @@ __all__ = [
     "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
+    "UnwritablePath",
     "Update",
     "UtcDatetime",
     "WorkflowRef",

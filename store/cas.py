@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from store.errors import IllegalTransition
+from store.errors import IllegalTransition, UnwritablePath
 from store.models import RunDocument, RunStatus
 from store.status import check_transitions
 from store.timeutil import to_ms
@@ -174,9 +174,24 @@ _TOP_LEVEL = frozenset(RunDocument.model_fields)
 _IMMUTABLE = frozenset({"run_id", "tenant", "created_at", "version"})
 
 
+def _check_disjoint(update: Update) -> None:
+    """Two paths of one write may not overlap (`a` with `a.b`, or one path both set and
+    unset): `mongod` refuses such an update, the other backends would apply it in dict order."""
+    sets, unsets = set(update.set), set(update.unset)
+    if both := sorted(sets & unsets):
+        raise UnwritablePath(f"{both[0]!r} is both set and unset in one write")
+    every = sets | unsets
+    for path in sorted(every):
+        parts = path.split(".")
+        for i in range(1, len(parts)):
+            if (parent := ".".join(parts[:i])) in every:
+                raise UnwritablePath(f"{path!r} and {parent!r} overlap in one write")
+
+
 def check_update(conditions: Sequence[Condition], update: Update) -> None:
     """Refuse, before any I/O, a write no rule allows: an unconditional or illegal status
-    write, a write to an immutable or unknown field."""
+    write, a write to an immutable or unknown field, two paths that overlap."""
+    _check_disjoint(update)
     for path in [*update.set, *update.unset]:
         top = path.split(".", 1)[0]
         if top not in _TOP_LEVEL:
@@ -195,7 +210,12 @@ def check_update(conditions: Sequence[Condition], update: Update) -> None:
 def apply_update(doc: dict[str, Any], update: Update, now_ms: int) -> dict[str, Any]:
     """Apply an update to a storage-form document. Returns a new dict and leaves `doc` as it
     was; only the dicts on an updated path are copied (a full deep copy of the document was a
-    measurable share of every write, docs/performance.md fix 4)."""
+    measurable share of every write, docs/performance.md fix 4).
+
+    A set path creates its absent parents, as MongoDB's `$set` does, but a parent that is
+    present and not a sub-document (null, a scalar, a list) is `UnwritablePath`: `mongod`
+    refuses that write, so every backend refuses it before writing (SQLite by calling this,
+    MongoDB on its pre-read)."""
     out = dict(doc)
     copied: set[int] = {id(out)}
 
@@ -212,9 +232,16 @@ def apply_update(doc: dict[str, Any], update: Update, now_ms: int) -> dict[str, 
     for path, value in update.set.items():
         parts = path.split(".")
         cur = out
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1], start=1):
             nxt = child(cur, part)
             if nxt is None:
+                if part in cur:
+                    parent = ".".join(parts[:depth])
+                    kind = "null" if cur[part] is None else f"a {type(cur[part]).__name__}"
+                    raise UnwritablePath(
+                        f"cannot set {path!r}: {parent!r} is {kind}, not a sub-document"
+                        f" (set the whole {parent!r} instead)"
+                    )
                 nxt = {}
                 cur[part] = nxt
                 copied.add(id(nxt))

@@ -8,7 +8,8 @@
 `store_backend.open_another()` opens another instance on the same storage, as another process
 would. `store_backend.put_raw_run` / `get_raw_run` reach under the store (a raw sqlite3
 connection, the database object) to plant a document the store would never write, and to check
-that it was not rewritten.
+that it was not rewritten. `open_backend(name, tmp_path)` opens a backend outside the fixture,
+for the tests that compare two backends' stored documents field for field.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import closing
+from contextlib import asynccontextmanager, closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,9 +148,10 @@ def _mongo_raw(db: Any) -> tuple[Callable[..., Awaitable[None]], Callable[..., A
     return put, get
 
 
-@pytest.fixture(params=["sqlite", "mongomock", pytest.param("mongo", marks=pytest.mark.mongo_real)])
-async def store_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    name: str = request.param
+@asynccontextmanager
+async def open_backend(name: str, tmp_path: Path) -> AsyncIterator[Backend]:
+    """The backend `name` ("sqlite", "mongomock", "mongo") on fresh storage under `tmp_path`,
+    closed (and a real database dropped) on exit; for tests that hold two backends at once."""
     opened: list[RunStore] = []
     client: Any = None
     db_name = f"runfleet_test_{uuid.uuid4().hex}"
@@ -200,6 +202,15 @@ async def store_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Async
         if client is not None:
             await client.drop_database(db_name)
             await client.close()
+
+
+MONGO_BACKENDS = ["mongomock", pytest.param("mongo", marks=pytest.mark.mongo_real)]
+
+
+@pytest.fixture(params=["sqlite", *MONGO_BACKENDS])
+async def store_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    async with open_backend(request.param, tmp_path) as backend:
+        yield backend
 
 
 @pytest.fixture

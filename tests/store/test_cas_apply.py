@@ -1,14 +1,17 @@
-"""`apply_update` copies only what it changes; the stored document it was given is untouched."""
+"""`apply_update` copies only what it changes; the stored document it was given is untouched; a
+set under a present parent that is not a sub-document is refused, as `mongod` refuses it."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store.cas import Update, apply_update
+from store.errors import UnwritablePath
 
 KEYS = st.sampled_from(["a", "b", "c"])
 LEAVES = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=3))
@@ -27,8 +30,10 @@ def reference(doc: dict[str, Any], update: Update, now_ms: int) -> dict[str, Any
         *parents, last = path.split(".")
         cur = out
         for part in parents:
-            if not isinstance(cur.get(part), dict):
+            if part not in cur:
                 cur[part] = {}
+            elif not isinstance(cur[part], dict):
+                raise UnwritablePath(path)
             cur = cur[part]
         cur[last] = value
     for path in update.unset:
@@ -57,7 +62,13 @@ def test_apply_update_equals_a_deep_copy_walk_and_leaves_the_input_alone(
     doc = {**doc, "version": 3}
     before = copy.deepcopy(doc)
     update = Update(set=sets, unset=unsets, bump_version=bump)
-    assert apply_update(doc, update, 42) == reference(doc, update, 42)
+    try:
+        expected = reference(doc, update, 42)
+    except UnwritablePath:
+        with pytest.raises(UnwritablePath):
+            apply_update(doc, update, 42)
+    else:
+        assert apply_update(doc, update, 42) == expected
     assert doc == before
 
 
