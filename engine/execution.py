@@ -17,6 +17,7 @@ import logging
 import shutil
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,6 +61,18 @@ from engine.vars import resolve_vars
 from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, ToolNode, Workflow
 from store import BlobStore, Checkpoint, Interaction, RunDocument, RunStore, utcnow
 
+
+@dataclass(frozen=True, slots=True)
+class EngineEnv:
+    """What an execution needs from its host, the runner's or `runfleet run`'s alike."""
+
+    store: RunStore
+    driver: SandboxDriver
+    settings: EngineSettings
+    data_dir: Path
+    blobs: BlobStore | None = None
+
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -88,19 +101,57 @@ class Execution:
         self.blobs = blobs
         self.writer = FencedWriter(store, run.run_id, token, run.attempt, cancel)
         self.events = events or EventLog(store, run.run_id, run.attempt, token, cancel)
-        self.workflow: Workflow = load_stored_workflow(
-            run.workflow.source, f"run {run.run_id}"
-        ).workflow
         self.checkpoint = (
             run.checkpoint.model_copy(deep=True) if run.checkpoint is not None else Checkpoint()
         )
-        if not self.checkpoint.vars:
-            self.checkpoint.vars = resolve_vars(self.workflow, run.inputs)
         self.workspace = data_dir / "work" / run.run_id / token
         self.scratch = data_dir / "scratch" / run.run_id
         self._sandbox: Sandbox | None = None
+        self._workflow: Workflow | None = None
 
-    # -- the public two steps ------------------------------------------------------------------
+    @classmethod
+    def claimed(
+        cls, env: EngineEnv, run: RunDocument, cancel: CancelSignal, events: EventLog
+    ) -> Execution:
+        """The execution of a claim just won (fleet or local): the lease's token names it."""
+        assert run.lease is not None
+        return cls(
+            store=env.store,
+            run=run,
+            token=run.lease.token,
+            driver=env.driver,
+            settings=env.settings,
+            cancel=cancel,
+            data_dir=env.data_dir,
+            blobs=env.blobs,
+            events=events,
+        )
+
+    @property
+    def workflow(self) -> Workflow:
+        """The run's stored source, parsed when first needed — inside `begin()`/`run()`, never
+        in the constructor: a source that no longer loads is an error raised under the held
+        lease, which the runner turns into one `INTERNAL_ERROR` park (SPEC v2.2 §5.1)."""
+        if self._workflow is None:
+            self._workflow = load_stored_workflow(
+                self.run_doc.workflow.source, f"run {self.run_id}"
+            ).workflow
+            if not self.checkpoint.vars:
+                self.checkpoint.vars = resolve_vars(self._workflow, self.run_doc.inputs)
+        return self._workflow
+
+    # -- the public steps ----------------------------------------------------------------------
+
+    async def begin(self, path: str, runner: str) -> None:
+        """What every claim does after its CAS won and before its first node (SPEC §5.3), in
+        that order: stop the run's sandboxes that carry another execution's token, then say
+        `run_claimed` (and `run_workspace_reset` when a checkpoint exists)."""
+        stopped = await self.driver.stop_others(self.run_id, keep_token=self.token)
+        if stopped:
+            log.info("run %s: stopped sandboxes of earlier executions: %s", self.run_id, stopped)
+        await self.events.emit("run_claimed", path=path, runner=runner)
+        if self.run_doc.checkpoint is not None:
+            await self.events.emit("run_workspace_reset")
 
     async def run(self) -> Outcome:
         try:
@@ -120,16 +171,14 @@ class Execution:
     # -- the walk ------------------------------------------------------------------------------
 
     async def _run(self) -> Outcome:
-        stopped = await self.driver.stop_others(self.run_id, keep_token=self.token)
-        if stopped:
-            log.info("run %s: stopped sandboxes of earlier executions: %s", self.run_id, stopped)
+        workflow = self.workflow
         cp = self.checkpoint
         if self.run_doc.checkpoint is not None and cp.restart_node is None and cp.progress > 0:
             # The last boundary was written and nothing is left to run: an adoption after the
             # final checkpoint (the status write was lost) must not start again at `entry`.
             return Finished()
-        node_id = cp.restart_node or self.workflow.entry
-        node = self.workflow.nodes[node_id]
+        node_id = cp.restart_node or workflow.entry
+        node = workflow.nodes[node_id]
         if isinstance(node, HumanNode) and node_id in cp.outputs and cp.pending_interaction is None:
             # The fresh claim wrote the answers as this node's output (SPEC §5.3): they select
             # the outgoing edge; the node itself is not asked again.

@@ -15,25 +15,21 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import uuid6
 
 from engine.cancel import CancelSignal
-from engine.config import EngineSettings
 from engine.events import EventLog
-from engine.execution import Execution
+from engine.execution import EngineEnv, Execution
 from engine.failures import is_auto_resumable
 from engine.lease import LeaseKeeper
 from engine.loader import LoadedWorkflow
 from engine.refusals import RunBusy
 from engine.resume import ResumeRequest, claim_effects, judge_resume
-from engine.sandbox.protocols import SandboxDriver
 from engine.settle import settle
 from engine.vars import resolve_vars
 from store import (
-    BlobStore,
     Budget,
     CasConflict,
     Eq,
@@ -44,7 +40,6 @@ from store import (
     ResumeSpec,
     RunDocument,
     RunStatus,
-    RunStore,
     Update,
     WorkflowRef,
     lease_is_free,
@@ -56,13 +51,8 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@dataclass
-class LocalEnv:
-    store: RunStore
-    driver: SandboxDriver
-    settings: EngineSettings
-    data_dir: Path
-    blobs: BlobStore | None = None
+@dataclass(frozen=True, slots=True)
+class LocalEnv(EngineEnv):
     on_event: Callable[[Event], None] | None = None
 
 
@@ -103,8 +93,7 @@ async def run_local(
     await env.store.create_run(doc)
     events = EventLog(env.store, doc.run_id, 1, token, listener=env.on_event)
     await events.emit("run_launched", workflow=loaded.workflow.name, origin="local")
-    await events.emit("run_claimed", path="local", runner=owner_name())
-    return await execute_claimed(env, doc, token)
+    return await execute_claimed(env, doc)
 
 
 async def claim_local(env: LocalEnv, run: RunDocument, request: ResumeRequest) -> RunDocument:
@@ -153,9 +142,6 @@ async def claim_local(env: LocalEnv, run: RunDocument, request: ResumeRequest) -
         return await claim_local(env, fresh, request)
     events = EventLog(env.store, run.run_id, attempt, token, listener=env.on_event)
     await events.emit("run_resumed", from_status=str(run.status))
-    await events.emit("run_claimed", path="local", runner=owner_name())
-    if run.checkpoint is not None:
-        await events.emit("run_workspace_reset")
     return result
 
 
@@ -167,38 +153,31 @@ async def resume_local(
     run = await env.store.get_run(run_id)
     claimed = await claim_local(env, run, request)
     assert claimed.lease is not None
-    doc = await execute_claimed(env, claimed, claimed.lease.token)
+    doc = await execute_claimed(env, claimed)
     for _ in range(auto_resume):
         if doc.status is not RunStatus.FAILED_RESUMABLE or not is_auto_resumable(doc.failure_code):
             break
         claimed = await claim_local(env, doc, ResumeRequest())
         assert claimed.lease is not None
-        doc = await execute_claimed(env, claimed, claimed.lease.token)
+        doc = await execute_claimed(env, claimed)
     return doc
 
 
-async def execute_claimed(env: LocalEnv, run: RunDocument, token: str) -> RunDocument:
-    """Run a claimed execution to its end with the SPEC §5.4 order: status, teardown, release."""
+async def execute_claimed(env: LocalEnv, run: RunDocument) -> RunDocument:
+    """Run a claimed execution to its end with the SPEC §5.4 order: status, teardown, release.
+    `begin()` (stop the other executions' sandboxes, then `run_claimed`) runs under the lease."""
     assert run.lease is not None
+    token = run.lease.token
     cancel = CancelSignal()
     events = EventLog(env.store, run.run_id, run.attempt, token, cancel, listener=env.on_event)
-    execution = Execution(
-        store=env.store,
-        run=run,
-        token=token,
-        driver=env.driver,
-        settings=env.settings,
-        cancel=cancel,
-        data_dir=env.data_dir,
-        blobs=env.blobs,
-        events=events,
-    )
+    execution = Execution.claimed(env, run, cancel, events)
     keeper = LeaseKeeper(
         env.store, run.run_id, token, run.lease.expires_at, env.settings.lease_timing(), cancel
     )
     events.deadline = keeper.seconds_left
     keeper_task = asyncio.ensure_future(keeper.run())
     try:
+        await execution.begin("local", owner_name())
         outcome = await execution.run()
         await settle(execution.writer, events, outcome)
         await execution.teardown()

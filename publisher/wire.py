@@ -120,25 +120,38 @@ def encode(
 
 def decode(data: bytes, headers: dict[str, str] | None = None) -> RunMessage:
     """Decode a body: `UnsupportedSchema` for a newer `v` (a rolling upgrade: nak and wait),
-    `MalformedMessage` for anything else that does not validate (dead-lettered)."""
+    `MalformedMessage` for anything else that does not parse or validate (dead-lettered).
+
+    Whatever the parser or validator raises is `MalformedMessage` (SPEC v2.2 §5.2 step 1): a
+    5 000-digit integer raises `ValueError` (Python's int-string limit), 200 000 nested arrays
+    raise `RecursionError`, and neither may escape as an unexpected error — that would take the
+    transient ladder instead of the DLQ, and in the backstop stop a loop (§13.12)."""
     try:
         raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedMessage(f"body is not JSON: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any parse failure: UTF-8, JSON, int limit, depth
+        raise MalformedMessage(f"body is not JSON: {_describe(exc)}") from None
     if not isinstance(raw, dict):
         raise MalformedMessage(f"body is JSON {type(raw).__name__}, not an object")
     version = raw.get("v")
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-        raise UnsupportedSchema(f"schema v{version} is newer than v{SCHEMA_VERSION}")
+        raise UnsupportedSchema(f"schema v{str(version)[:20]} is newer than v{SCHEMA_VERSION}")
     try:
         message = RunMessage.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise MalformedMessage(f"invalid message at {where}: {first['msg']}") from exc
+        raise MalformedMessage(f"invalid message at {where[:200]}: {first['msg'][:200]}") from None
+    except Exception as exc:  # noqa: BLE001 - a validator failing on a hostile value
+        raise MalformedMessage(f"invalid message: {_describe(exc)}") from None
     attempt_hdr = (headers or {}).get(HDR_ATTEMPT)
     if attempt_hdr is not None and attempt_hdr != str(message.attempt):
         raise MalformedMessage(
-            f"header {HDR_ATTEMPT}={attempt_hdr} disagrees with body attempt {message.attempt}"
+            f"header {HDR_ATTEMPT}={attempt_hdr[:40]} disagrees with body attempt {message.attempt}"
         )
     return message
+
+
+def _describe(exc: BaseException) -> str:
+    """A short, bounded description: a hostile body must not make a multi-megabyte DLQ detail."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:200]}{'…' if len(text) > 200 else ''}"

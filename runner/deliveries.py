@@ -19,6 +19,8 @@ class Delivery:
     disposed: str | None = field(default=None)
     message: RunMessage | None = field(default=None)
     """Set once decoded, so a last-resort DLQ record still names its run."""
+    leased: bool = field(default=False)
+    """Set once a claim won: an unexpected error after that never writes a DLQ record."""
 
     @classmethod
     def from_msg(cls, msg: Msg, max_deliver: int) -> Delivery:

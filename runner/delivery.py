@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 from engine.cancel import CancelSignal
 from engine.events import EventLog
 from engine.execution import Execution
 from engine.failures import FailureCode
-from engine.outcome import Failed, Outcome
+from engine.fencing import LeaseLost
+from engine.outcome import CancelReason, Failed, Interrupted, Outcome
 from publisher.errors import MalformedMessage, UnsupportedSchema
 from publisher.wire import RunMessage, decode
-from runner.admission import Ack, CancelStale, Claim, Dead, Nak, Refuse, judge
+from runner.admission import Ack, CancelStale, Claim, ClaimPath, Dead, Nak, Refuse, judge
 from runner.claim import cancel_stale, claim, park_refusal
 from runner.delays import transient_delay
 from runner.deliveries import Delivery
 from runner.disposition import dispose_outcome
+from runner.handon import hand_on
 from runner.lease import HeldLease
 from runner.repair import repair_status_event
 from runner.services import RunnerServices
@@ -43,7 +47,7 @@ async def handle(svc: RunnerServices, delivery: Delivery) -> None:
 
 async def _last_resort(svc: RunnerServices, delivery: Delivery, exc: Exception) -> None:
     try:
-        if delivery.info.is_last:
+        if delivery.info.is_last and not delivery.leased:
             await dead_letter(svc, delivery, delivery.message, "internal_error", repr(exc))
         else:
             await _nak_transient(svc, delivery, "internal_error")
@@ -90,7 +94,9 @@ async def dead_letter(
 
 
 async def _handle(svc: RunnerServices, delivery: Delivery) -> None:
-    if svc.draining:
+    if svc.draining and not delivery.info.is_last:
+        # Fetched after SIGTERM: another runner takes it a second later (SPEC §5.1). The last
+        # delivery is judged instead: a nak there would send it to the backstop (§5.8).
         await delivery.nak(svc.settings.drain_nak_delay.total_seconds())
         svc.metrics.delivery("nak", "draining")
         return
@@ -108,101 +114,108 @@ async def _handle(svc: RunnerServices, delivery: Delivery) -> None:
             svc.metrics.delivery("nak", "unsupported_schema")
         return
     for _ in range(svc.settings.claim_retries + 1):
-        # Step 2: load the run (unfiltered by tenant).
         try:
-            run = await svc.store.get_run(message.run_id)
-        except RunNotFound:
-            age = utcnow() - message.published_at
-            if age < svc.settings.young_message and not delivery.info.is_last:
-                await delivery.nak(svc.settings.lagging_delay.total_seconds())
-                svc.metrics.delivery("nak", "run_not_found_yet")
-            else:
-                await dead_letter(
-                    svc,
-                    delivery,
-                    message,
-                    "run_not_found",
-                    f"no run {message.run_id}",
-                    replayable=False,
-                )
-            return
-        except StoreError:
+            claimed = await _admit(svc, delivery, message)
+        except StoreError as exc:
+            # A store outage is never an outcome and never a DLQ record (SPEC v2.2 §5.1).
+            log.warning("run %s: store unreachable at admission (%s)", message.run_id, exc)
             await _nak_transient(svc, delivery, "store_unreachable")
             return
-        if message.tenant != run.tenant:
-            await dead_letter(
-                svc,
-                delivery,
-                message,
-                "tenant_mismatch",
-                f"message tenant {message.tenant!r} is not the run's",
-                replayable=False,
-            )
-            return
-        # Steps 3-8.
-        now = utcnow()
-        decision = judge(message, run, delivery.info, now, svc.timing)
-        if isinstance(decision, Ack):
-            if decision.reason == "settled" and await repair_status_event(
-                svc.store, run, now, svc.skew
-            ):
-                log.warning("run %s: repaired its missing %s event", run.run_id, run.status)
-            await delivery.ack()
-            svc.metrics.delivery("ack", decision.reason)
-            log.info("run %s attempt %s: %s", run.run_id, message.attempt, decision.reason)
-            return
-        if isinstance(decision, Nak):
-            await delivery.nak(decision.delay)
-            svc.metrics.delivery("nak", decision.reason)
-            return
-        if isinstance(decision, Dead):
-            if decision.reason == "no_claim_path":
-                log.error("run %s: no claim path (%s): a bug", run.run_id, decision.detail)
-            await dead_letter(svc, delivery, message, decision.reason, decision.detail)
-            return
-        if isinstance(decision, CancelStale):
-            result = await cancel_stale(svc.store, run, now=now, skew=svc.skew)
-            if isinstance(result, CasConflict):
-                continue
-            await svc.store.append_event(run.run_id, "run_cancelled", {}, attempt=run.attempt)
-            await delivery.ack()
-            svc.metrics.delivery("ack", "cancelled")
-            return
-        if isinstance(decision, Refuse):
-            parked = await park_refusal(
-                svc.store,
-                run,
-                decision.kind,
-                decision.path,
-                decision.detail,
-                now=now,
-                skew=svc.skew,
-            )
-            if isinstance(parked, CasConflict):
-                continue
-            await _refusal_event(svc, parked, decision)
-            await delivery.ack()
-            svc.metrics.delivery("ack", f"refused_{decision.kind}")
-            return
-        assert isinstance(decision, Claim)
-        claimed = await claim(
-            svc.store,
-            run,
-            decision.path,
-            delivery.info,
-            owner=svc.owner,
-            now=now,
-            ttl=svc.ttl,
-            skew=svc.skew,
-        )
-        if isinstance(claimed, CasConflict):
-            svc.metrics.claims.labels(path=decision.path, outcome="lost").inc()
-            continue  # re-enter at step 2 (bounded)
-        svc.metrics.claims.labels(path=decision.path, outcome="won").inc()
-        svc.metrics.queue_wait.observe(max((now - message.published_at).total_seconds(), 0.0))
-        await _execute(svc, delivery, message, claimed, decision.path)
+        if claimed == "again":
+            continue  # a lost CAS: re-enter at step 2 (bounded)
+        if claimed is not None:
+            await _execute(svc, delivery, message, claimed.run, claimed.path)
         return
     await _nak_transient(svc, delivery, "claim_lost")
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    run: RunDocument
+    path: ClaimPath
+
+
+async def _admit(
+    svc: RunnerServices, delivery: Delivery, message: RunMessage
+) -> _Claimed | Literal["again"] | None:
+    """Steps 2-8 once. Returns the claimed run, "again" after a CAS lost to a concurrent
+    writer, or None when the delivery was disposed of here. Store errors propagate: the
+    caller naks with the transient delay (a store outage never writes a DLQ record)."""
+    # Step 2: load the run (unfiltered by tenant).
+    try:
+        run = await svc.store.get_run(message.run_id)
+    except RunNotFound:
+        age = utcnow() - message.published_at
+        if age < svc.settings.young_message and not delivery.info.is_last:
+            await delivery.nak(svc.settings.lagging_delay.total_seconds())
+            svc.metrics.delivery("nak", "run_not_found_yet")
+        else:
+            detail = f"no run {message.run_id}"
+            await dead_letter(svc, delivery, message, "run_not_found", detail, replayable=False)
+        return None
+    if message.tenant != run.tenant:
+        detail = f"message tenant {message.tenant!r} is not the run's"
+        await dead_letter(svc, delivery, message, "tenant_mismatch", detail, replayable=False)
+        return None
+    # Steps 3-8.
+    now = utcnow()
+    decision = judge(message, run, delivery.info, now, svc.timing)
+    if isinstance(decision, Ack):
+        if decision.reason == "settled" and await repair_status_event(
+            svc.store, run, now, svc.skew
+        ):
+            log.warning("run %s: repaired its missing %s event", run.run_id, run.status)
+        await delivery.ack()
+        svc.metrics.delivery("ack", decision.reason)
+        log.info("run %s attempt %s: %s", run.run_id, message.attempt, decision.reason)
+        return None
+    if isinstance(decision, Nak):
+        await delivery.nak(decision.delay)
+        svc.metrics.delivery("nak", decision.reason)
+        return None
+    if isinstance(decision, Dead):
+        if decision.reason == "no_claim_path":
+            log.error("run %s: no claim path (%s): a bug", run.run_id, decision.detail)
+        await dead_letter(svc, delivery, message, decision.reason, decision.detail)
+        return None
+    if isinstance(decision, CancelStale):
+        result = await cancel_stale(svc.store, run, now=now, skew=svc.skew)
+        if isinstance(result, CasConflict):
+            return "again"
+        await svc.store.append_event(run.run_id, "run_cancelled", {}, attempt=run.attempt)
+        await delivery.ack()
+        svc.metrics.delivery("ack", "cancelled")
+        return None
+    if isinstance(decision, Refuse):
+        parked = await park_refusal(
+            svc.store, run, decision.kind, decision.path, decision.detail, now=now, skew=svc.skew
+        )
+        if isinstance(parked, CasConflict):
+            return "again"
+        await _refusal_event(svc, parked, decision)
+        await delivery.ack()
+        svc.metrics.delivery("ack", f"refused_{decision.kind}")
+        return None
+    assert isinstance(decision, Claim)
+    if svc.draining and decision.path == "fresh":
+        # A draining runner holding the last delivery of a queued run (SPEC v2.2 §5.8).
+        return None if await hand_on(svc, delivery, run, now) else "again"
+    claimed = await claim(
+        svc.store,
+        run,
+        decision.path,
+        delivery.info,
+        owner=svc.owner,
+        now=now,
+        ttl=svc.ttl,
+        skew=svc.skew,
+    )
+    if isinstance(claimed, CasConflict):
+        svc.metrics.claims.labels(path=decision.path, outcome="lost").inc()
+        return "again"
+    svc.metrics.claims.labels(path=decision.path, outcome="won").inc()
+    svc.metrics.queue_wait.observe(max((now - message.published_at).total_seconds(), 0.0))
+    return _Claimed(claimed, decision.path)
 
 
 async def _refusal_event(svc: RunnerServices, doc: RunDocument, decision: Refuse) -> None:
@@ -225,37 +238,38 @@ async def _refusal_event(svc: RunnerServices, doc: RunDocument, decision: Refuse
 async def _execute(
     svc: RunnerServices, delivery: Delivery, message: RunMessage, run: RunDocument, path: str
 ) -> None:
+    """Everything from the claim's winning CAS to the disposition is under the held lease
+    (SPEC v2.2 §5.1): whatever raises here — building the execution, `stop_others`, the
+    claim's events, the engine — is the outcome `failed_resumable INTERNAL_ERROR`, disposed of
+    like any transient code, with teardown and release still attempted (`dispose_outcome`)."""
     assert run.lease is not None
-    token = run.lease.token
     cancel = CancelSignal()
-    events = EventLog(svc.store, run.run_id, run.attempt, token, cancel)
+    events = EventLog(svc.store, run.run_id, run.attempt, run.lease.token, cancel)
+    execution = Execution.claimed(svc.engine_env, run, cancel, events)
     started = time.monotonic()
+    delivery.leased = True  # from here on an error is an outcome, never a DLQ record
     svc.metrics.inflight.inc()
     try:
         async with HeldLease(svc, run, delivery, cancel) as held:
             events.deadline = held.keeper.seconds_left
-            await events.emit("run_claimed", path=path, runner=svc.owner)
-            if run.checkpoint is not None:
-                await events.emit("run_workspace_reset")
-            execution = Execution(
-                store=svc.store,
-                run=run,
-                token=token,
-                driver=svc.driver,
-                settings=svc.engine,
-                cancel=cancel,
-                data_dir=svc.data_dir,
-                blobs=svc.blobs,
-                events=events,
-            )
-            outcome: Outcome
-            try:
-                outcome = await execution.run()
-            except Exception as exc:
-                log.exception("run %s: execution failed unexpectedly", run.run_id)
-                outcome = Failed(FailureCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            outcome = await _run(svc, execution, path)
             plan = await dispose_outcome(svc, delivery, message, execution, events, outcome)
             svc.metrics.delivery(plan.action, plan.reason)
             svc.metrics.run_duration.labels(status=plan.reason).observe(time.monotonic() - started)
     finally:
         svc.metrics.inflight.dec()
+
+
+async def _run(svc: RunnerServices, execution: Execution, path: str) -> Outcome:
+    try:
+        await execution.begin(path, svc.owner)
+        if svc.draining:
+            # The claim's CAS won after the drain began (its cancel signal was registered
+            # after the broadcast): hand it off now, never run it to the ceiling (§5.8).
+            return Interrupted(CancelReason.DRAIN)
+        return await execution.run()
+    except LeaseLost:
+        return Interrupted(CancelReason.LEASE_LOST)
+    except Exception as exc:
+        log.exception("run %s: execution failed unexpectedly", execution.run_id)
+        return Failed(FailureCode.INTERNAL_ERROR, f"{type(exc).__name__}: {str(exc)[:500]}")

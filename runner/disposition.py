@@ -18,12 +18,12 @@ from engine.failures import FailureCode, rule_for
 from engine.fencing import LeaseLost
 from engine.outcome import CancelReason, Failed, Interrupted, Outcome
 from engine.settle import emit_status_event, status_for
-from publisher.errors import DuplicatePublication, PublishFailed
 from publisher.wire import RunMessage
 from runner.delays import transient_delay
 from runner.deliveries import Delivery
+from runner.handon import publish_handoff
 from runner.services import RunnerServices
-from store import CasConflict, Eq, RunDocument, RunStatus, StoreError, Update, utcnow
+from store import CasConflict, Eq, RunDocument, RunStatus, Update, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,9 @@ async def dispose_outcome(
     events: EventLog,
     outcome: Outcome,
 ) -> Plan:
+    """Steps (1)-(4). Each step after (1) is attempted whatever the one before raised (SPEC
+    v2.2 §5.1): a sandbox whose `stop` raises still gets its lease released, and a release the
+    store refuses still gets its disposition (the lease then expires by itself)."""
     plan = await _write_status(svc, delivery, execution, events, outcome)
     if plan.action == "none":
         await _teardown(svc, execution)
@@ -53,17 +56,25 @@ async def dispose_outcome(
         return Plan("none", reason="unwind_ceiling")
     if plan.action == "handoff":
         return await _handoff(svc, delivery, execution, events)
-    await execution.writer.release()
-    if plan.action == "nak":
-        await delivery.nak(plan.delay)
-    else:
-        await delivery.ack()
+    try:
+        await execution.writer.release()
+    except Exception as exc:  # noqa: BLE001 - the disposition must still go
+        log.warning("run %s: release failed (%r); the lease expires", execution.run_id, exc)
+    try:
+        if plan.action == "nak":
+            await delivery.nak(plan.delay)
+        else:
+            await delivery.ack()
+    except Exception as exc:  # noqa: BLE001 - redelivered after ack_wait, judged again
+        log.warning("run %s: disposition %s not sent (%r)", execution.run_id, plan.action, exc)
     return plan
 
 
 async def _teardown(svc: RunnerServices, execution: Execution) -> bool:
     """Stop the sandbox (and bank, with remote drivers) within the teardown budget. Past it the
-    execution gives up its claim to write: it is fenced like a lost lease."""
+    execution gives up its claim to write: it is fenced like a lost lease. A teardown that
+    raises is logged and the release still follows: the status is already written, and a
+    sandbox left behind is stopped by the next claim's `stop_others` or the sweeper."""
     try:
         await asyncio.wait_for(execution.teardown(), svc.engine.teardown_budget.total_seconds())
         return True
@@ -71,6 +82,9 @@ async def _teardown(svc: RunnerServices, execution: Execution) -> bool:
         log.error("run %s: teardown passed its budget; fenced", execution.run_id)
         execution.cancel.cancel(CancelReason.LEASE_LOST)
         return False
+    except Exception:
+        log.exception("run %s: teardown failed; releasing anyway", execution.run_id)
+        return True
 
 
 async def _write_status(
@@ -113,8 +127,11 @@ async def _write_status(
         return Plan("ack", reason=reason_for(doc))
     except LeaseLost:
         return Plan("none", reason="lease_lost")
-    except StoreError as exc:
-        log.warning("run %s: store unreachable at the status write (%s)", execution.run_id, exc)
+    except Exception as exc:  # noqa: BLE001 - see below: an unwritten status is a nak
+        # The store cannot take the status (an outage, or a write it refuses): no outcome is
+        # recorded, so none is disposed of. Nak with the transient delay and no DLQ record;
+        # the lease expiry and the sweeper own the run (SPEC v2.2 §5.6 last row).
+        log.warning("run %s: status not written (%r)", execution.run_id, exc)
         delay = transient_delay(
             FailureCode.INTERNAL_ERROR,
             info.num_delivered,
@@ -138,31 +155,7 @@ async def _transient(
     writer = execution.writer
     info = delivery.info
     if info.is_last:
-        # The record first (awaited), then the park: a crash in between leaves a record and a
-        # run the backstop parks; never a park without a record.
-        record = await svc.dlq.put(
-            seq=info.stream_seq,
-            body=delivery.data,
-            headers=delivery.headers,
-            reason="retries_exhausted",
-            detail=f"{outcome.code}: {outcome.error}",
-            run_id=execution.run_id,
-            attempt=execution.run_doc.attempt,
-            num_delivered=info.num_delivered,
-            runner=svc.owner,
-        )
-        svc.metrics.dlq_records.labels(reason=record.reason).inc()
-        doc = await writer.write_status(
-            RunStatus.FAILED_RESUMABLE,
-            failure_code=FailureCode.DLQ_PARKED,
-            error=outcome.error,
-            cause_code=outcome.code,
-        )
-        if doc.status is RunStatus.CANCELLED:
-            await events.emit("run_cancelled")
-        else:
-            await events.emit("run_dlq_parked", reason=record.reason, record_id=record.id)
-        return Plan("ack", reason="dlq_parked")
+        return await _park(svc, delivery, execution, events, outcome)
     delay = transient_delay(
         outcome.code,
         info.num_delivered,
@@ -181,6 +174,62 @@ async def _transient(
     return Plan("nak", delay, reason="transient")
 
 
+async def _park(
+    svc: RunnerServices,
+    delivery: Delivery,
+    execution: Execution,
+    events: EventLog,
+    outcome: Failed,
+) -> Plan:
+    """A transient code at the last delivery: the record first (awaited), then the park (SPEC
+    §5.4 (1)). A crash in between leaves a record and an unparked run, which the backstop
+    parks. A record is never left standing for a run that was not parked: when the park does
+    not land (store down, lease lost) or meets an operator's cancel, the record is withdrawn —
+    replaying it would un-cancel the run, or loop it through the DLQ again."""
+    writer = execution.writer
+    info = delivery.info
+    current = await svc.store.get_run(execution.run_id)
+    if current.cancel_requested:  # an operator's cancel beats the outcome: no record at all
+        await writer.write_cancelled()
+        await events.emit("run_cancelled")
+        return Plan("ack", reason="cancelled")
+    record = await svc.dlq.put(
+        seq=info.stream_seq,
+        body=delivery.data,
+        headers=delivery.headers,
+        reason="retries_exhausted",
+        detail=f"{outcome.code}: {outcome.error}",
+        run_id=execution.run_id,
+        attempt=execution.run_doc.attempt,
+        num_delivered=info.num_delivered,
+        runner=svc.owner,
+    )
+    try:
+        doc = await writer.write_status(
+            RunStatus.FAILED_RESUMABLE,
+            failure_code=FailureCode.DLQ_PARKED,
+            error=outcome.error,
+            cause_code=outcome.code,
+        )
+    except BaseException:
+        await _withdraw(svc, record.id)
+        raise
+    if doc.status is RunStatus.CANCELLED:
+        await _withdraw(svc, record.id)
+        await events.emit("run_cancelled")
+        return Plan("ack", reason="cancelled")
+    svc.metrics.dlq_records.labels(reason=record.reason).inc()
+    await events.emit("run_dlq_parked", reason=record.reason, record_id=record.id)
+    return Plan("ack", reason="dlq_parked")
+
+
+async def _withdraw(svc: RunnerServices, record_id: int) -> None:
+    try:
+        await svc.dlq.delete(record_id)
+    except Exception as exc:  # noqa: BLE001 - the backstop and sweeper judge the run anyway
+        log.warning("DLQ record %s could not be withdrawn (%r)", record_id, exc)
+
+
 async def _handoff(
     svc: RunnerServices, delivery: Delivery, execution: Execution, events: EventLog
 ) -> Plan:
@@ -189,17 +238,14 @@ async def _handoff(
     and `ack_sync` the old delivery. A crash in between is repaired by the sweeper."""
     writer = execution.writer
     run_id = execution.run_id
-    attempt = execution.run_doc.attempt
-    result = await svc.store.update_run(
-        run_id,
-        [
-            Eq("lease.token", writer.token),
-            Eq("attempt", attempt),
-            Eq("status", RunStatus.FAILED_RESUMABLE),
-            Eq("failure_code", FailureCode.RUNNER_INTERRUPTED),
-        ],
-        Update(set={"attempt": attempt + 1, "attempt_at": utcnow()}, unset=["lease"]),
-    )
+    try:
+        result = await _handoff_cas(svc, execution)
+    except Exception as exc:  # noqa: BLE001 - a handoff that cannot write naks
+        # RUNNER_INTERRUPTED is written and auto-resumable: once the lease expires, the
+        # redelivery's auto-retry claim takes the run (it spends one delivery, no more).
+        log.warning("run %s: handoff CAS failed (%r); nak", run_id, exc)
+        await _nak_quietly(delivery, svc, "store_unreachable")
+        return Plan("nak", reason="store_unreachable")
     if isinstance(result, CasConflict):
         current = result.current
         if current is None or current.lease is None or current.lease.token != writer.token:
@@ -209,13 +255,34 @@ async def _handoff(
         await writer.release()  # an operator acted in between: a plain release
         await delivery.ack_sync()
         return Plan("ack", reason="handoff_superseded")
-    try:
-        ack = await svc.publisher.publish(result, "handoff")
-        await svc.publisher.record_publication(result, ack)
-        await svc.store.append_event(
-            run_id, "run_queued", {"attempt": attempt + 1, "kind": "handoff"}, attempt=attempt + 1
-        )
-    except (PublishFailed, DuplicatePublication, StoreError) as exc:
-        log.warning("run %s: handoff publish failed (%s); the sweeper republishes", run_id, exc)
+    await publish_handoff(svc, result)
     await delivery.ack_sync()
     return Plan("handoff", reason="drain")
+
+
+async def _handoff_cas(svc: RunnerServices, execution: Execution) -> RunDocument | CasConflict:
+    writer = execution.writer
+    attempt = execution.run_doc.attempt
+    return await svc.store.update_run(
+        execution.run_id,
+        [
+            Eq("lease.token", writer.token),
+            Eq("attempt", attempt),
+            Eq("status", RunStatus.FAILED_RESUMABLE),
+            Eq("failure_code", FailureCode.RUNNER_INTERRUPTED),
+        ],
+        Update(set={"attempt": attempt + 1, "attempt_at": utcnow()}, unset=["lease"]),
+    )
+
+
+async def _nak_quietly(delivery: Delivery, svc: RunnerServices, reason: str) -> None:
+    delay = transient_delay(
+        FailureCode.INTERNAL_ERROR,
+        delivery.info.num_delivered,
+        svc.settings.transient_delay,
+        svc.settings.transient_delay_cap,
+    )
+    try:
+        await delivery.nak(delay)
+    except Exception as exc:  # noqa: BLE001 - redelivered after ack_wait anyway
+        log.warning("nak (%s) not sent (%r)", reason, exc)

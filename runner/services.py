@@ -14,6 +14,7 @@ from nats.js import JetStreamContext
 
 from engine.cancel import CancelSignal
 from engine.config import EngineSettings
+from engine.execution import EngineEnv
 from engine.sandbox.protocols import SandboxDriver
 from publisher.config import WireSettings
 from publisher.dlq import DlqStore
@@ -57,6 +58,10 @@ class RunnerServices:
             busy_last=self.engine.unwind_ceiling + lease.ttl,
             lagging_delay=self.settings.lagging_delay,
         )
+
+    @property
+    def engine_env(self) -> EngineEnv:
+        return EngineEnv(self.store, self.driver, self.engine, self.data_dir, self.blobs)
 
     @property
     def ttl(self) -> timedelta:
