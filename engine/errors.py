@@ -1,12 +1,5 @@
-"""The engine's errors, in the one tree rooted at `store.errors.RunfleetError`.
-
-    RunfleetError
-    ├── WorkflowInvalid        a workflow file does not load (file, field, line)
-    ├── ExpressionError        a `when` / `set` expression failed (`EXPRESSION_FAILED`)
-    ├── TemplateError          a `{{ }}` template failed to compile or render
-    └── Refusal
-        ├── AnswersRequired    a paused run resumed without answers
-        └── AnswersInvalid     an answer does not fit its question (the field named)
+"""The engine's errors, in the one tree rooted at `store.errors.RunfleetError`
+(drawn, with every code, in that module's docstring).
 
 Errors that end a node carry `failure_code`, the row of the failure table they map to, so the
 executor never decides a failure's class from its message. The exceptions a `call` node's
@@ -47,14 +40,13 @@ class Problem:
     message: str
 
 
-class WorkflowInvalid(RunfleetError):
+class WorkflowInvalid(RunfleetError, code="workflow_invalid"):
     """A workflow file that does not load. `str()` reads `file:line: field: message`.
 
     When several problems were found, the first (by line) is the message and all of them are
     in `problems`, so a CLI can list every one in a single pass.
     """
 
-    code = "workflow_invalid"
     remedy = "fix the workflow file at the line shown and load it again"
     failure_code: ClassVar[FailureCode] = FailureCode.WORKFLOW_INVALID
 
@@ -76,10 +68,9 @@ class WorkflowInvalid(RunfleetError):
         super().__init__(f"{file}:{line}: {where}{message}")
 
 
-class ExpressionError(RunfleetError):
+class ExpressionError(RunfleetError, code="expression_failed"):
     """An expression that does not parse, refers to what is not there, or raised."""
 
-    code = "expression_failed"
     failure_code: ClassVar[FailureCode] = FailureCode.EXPRESSION_FAILED
 
     def __init__(self, expression: str, message: str) -> None:
@@ -88,10 +79,9 @@ class ExpressionError(RunfleetError):
         super().__init__(f"expression {expression!r}: {message}")
 
 
-class TemplateError(RunfleetError):
+class TemplateError(RunfleetError, code="template_failed"):
     """A template that does not compile or render; names the template text."""
 
-    code = "template_failed"
     failure_code: ClassVar[FailureCode] = FailureCode.EXPRESSION_FAILED
 
     def __init__(self, template: str, message: str, *, lineno: int | None = None) -> None:
@@ -102,10 +92,9 @@ class TemplateError(RunfleetError):
         super().__init__(f"template {shown!r}: {message}")
 
 
-class AnswersRequired(Refusal):
+class AnswersRequired(Refusal, code="answers_required"):
     """A run paused on a question was resumed without answers."""
 
-    code = "answers_required"
     remedy = "pass the answers with --answer NAME=VALUE or --answers-file FILE"
 
     def __init__(self, missing: Sequence[str]) -> None:
@@ -113,10 +102,9 @@ class AnswersRequired(Refusal):
         super().__init__("answers required: " + ", ".join(self.missing))
 
 
-class AnswersInvalid(Refusal):
+class AnswersInvalid(Refusal, code="answers_invalid"):
     """An answer that does not fit its question's schema; `field` names the question."""
 
-    code = "answers_invalid"
     remedy = "correct the named answer and resume again"
 
     def __init__(self, field: str, message: str) -> None:

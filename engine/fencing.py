@@ -29,10 +29,8 @@ from store import (
 )
 
 
-class LeaseLost(RunfleetError):
+class LeaseLost(RunfleetError, code="lease_lost"):
     """The execution no longer holds the run's lease: it must write nothing more."""
-
-    code = "lease_lost"
 
 
 class FencedWriter:

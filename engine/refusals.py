@@ -1,6 +1,7 @@
 """Typed refusals of a resume or a rewind (SPEC §4, §6.7, §10: CLI exit code 3).
 
-Each has a stable `code` and a `remedy`; the resume refusals are raised in the order SPEC §4
+Each has a stable `code` and a `remedy` (a class attribute, but for `ScratchNotPortable`, whose
+remedy names the consents this case needs); the resume refusals are raised in the order SPEC §4
 lists them, so the first thing a person must fix is the first thing they are told.
 """
 
@@ -11,18 +12,19 @@ from collections.abc import Sequence
 from store import Refusal
 
 
-class RunNotResumable(Refusal):
-    code = "run_not_resumable"
+class RunNotResumable(Refusal, code="run_not_resumable"):
+    """Only paused, failed_resumable or cancelled runs resume (SPEC §4)."""
+
+    remedy = "check `runfleet status RUN`; a finished or failed run can only be rewound"
 
     def __init__(self, run_id: str, status: str) -> None:
         super().__init__(
-            f"run {run_id} is {status}: only paused, failed_resumable or cancelled runs resume",
-            remedy="check `runfleet status RUN`; a finished or failed run can only be rewound",
+            f"run {run_id} is {status}: only paused, failed_resumable or cancelled runs resume"
         )
 
 
-class ScratchNotPortable(Refusal):
-    code = "scratch_not_portable"
+class ScratchNotPortable(Refusal, code="scratch_not_portable"):
+    """The run's scratch cannot follow it to a new execution without consent."""
 
     def __init__(self, run_id: str, why: str, *, also_needs_force: bool = False) -> None:
         consents = "--accept-scratch-loss" + (" and --force" if also_needs_force else "")
@@ -39,35 +41,34 @@ class ScratchNotPortable(Refusal):
         return out
 
 
-class WorkflowSourceChanged(Refusal):
-    code = "workflow_source_changed"
+class WorkflowSourceChanged(Refusal, code="workflow_source_changed"):
+    """The workflow file given differs from the source the run carries."""
+
+    remedy = "resume with --force to swap the source in, or omit --file"
 
     def __init__(self, run_id: str) -> None:
-        super().__init__(
-            f"run {run_id}: the given workflow file differs from the run's source",
-            remedy="resume with --force to swap the source in, or omit --file",
-        )
+        super().__init__(f"run {run_id}: the given workflow file differs from the run's source")
 
 
-class BudgetBelowConsumed(Refusal):
-    code = "budget_below_consumed"
+class BudgetBelowConsumed(Refusal, code="budget_below_consumed"):
+    """A new budget cap below what the run has already consumed."""
+
+    remedy = "raise the cap above the consumed amount shown by `runfleet status RUN`"
 
     def __init__(self, run_id: str, fields: Sequence[str]) -> None:
         super().__init__(
-            f"run {run_id}: new cap below what is already consumed: {', '.join(fields)}",
-            remedy="raise the cap above the consumed amount shown by `runfleet status RUN`",
+            f"run {run_id}: new cap below what is already consumed: {', '.join(fields)}"
         )
 
 
-class RunBusy(Refusal):
-    code = "run_busy"
+class RunBusy(Refusal, code="run_busy"):
+    """An execution still holds the run's lease."""
+
+    remedy = "wait for the execution to stop (or cancel it), then retry"
 
     def __init__(self, run_id: str) -> None:
-        super().__init__(
-            f"run {run_id}: an execution still holds its lease",
-            remedy="wait for the execution to stop (or cancel it), then retry",
-        )
+        super().__init__(f"run {run_id}: an execution still holds its lease")
 
 
-class RewindRefused(Refusal):
-    code = "rewind_refused"
+class RewindRefused(Refusal, code="rewind_refused"):
+    """The run cannot be rewound to that node now; the message says why."""

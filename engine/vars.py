@@ -14,8 +14,9 @@ _TRUE = {"true", "yes", "1"}
 _FALSE = {"false", "no", "0"}
 
 
-class VarsInvalid(Refusal):
-    code = "vars_invalid"
+class VarsInvalid(Refusal, code="vars_invalid"):
+    """A `--var` the workflow does not declare, of the wrong type, or a required one not given."""
+
     remedy = "pass --var name=value for the workflow's declared vars (see its `vars:`)"
 
     def __init__(self, name: str, message: str) -> None:

@@ -1,58 +1,84 @@
-"""Publisher errors (the rest of the tree is in `store.errors`)."""
+"""The publisher's errors; the whole tree, with every code, is drawn in `store.errors`."""
 
 from __future__ import annotations
 
 from store import Refusal, RunfleetError
 
 
-class NatsUnavailable(RunfleetError):
+class NatsUnavailable(RunfleetError, code="nats_unavailable"):
     """NATS cannot be reached (CLI exit code 4)."""
 
-    code = "nats_unavailable"
     remedy = "start the fleet (`runfleet up`) or set RUNFLEET_NATS_URL to a reachable server"
 
 
-class PublishFailed(RunfleetError):
+class NatsTimeout(NatsUnavailable, code="nats_timeout"):
+    """A NATS request got no answer in time (CLI exit code 4)."""
+
+    remedy = "check that NATS is up and not overloaded, then retry"
+
+
+class JetStreamUnavailable(NatsUnavailable, code="jetstream_unavailable"):
+    """The server answers but JetStream does not: not enabled, or not ready yet (exit 4)."""
+
+    remedy = "run the server with JetStream enabled (`nats-server -js`) or wait until it is ready"
+
+
+class StreamNotFound(NatsUnavailable, code="stream_not_found"):
+    """A stream or consumer of the wire contract (SPEC §3) is missing (exit 4): nothing can be
+    queued or read until it exists again."""
+
+    remedy = "create the streams and consumers with `runfleet streams ensure`, then retry"
+
+
+class NatsRequestFailed(RunfleetError, code="nats_request_failed"):
+    """JetStream refused a request for a reason not listed above (exit 1)."""
+
+    remedy = "read the message and the NATS server's log"
+
+
+class PublishFailed(RunfleetError, code="publish_failed"):
     """A publish failed after its bounded retries; the run was put back (or failed)."""
 
-    code = "publish_failed"
     remedy = "check NATS, then retry the command"
 
 
-class DuplicatePublication(RunfleetError):
+class DuplicatePublication(RunfleetError, code="duplicate_publication"):
     """JetStream called a first publish of an attempt a duplicate: that id was already used."""
 
-    code = "duplicate_publication"
 
+class StreamConfigConflict(RunfleetError, code="stream_config_conflict"):
+    """A stream or consumer that exists with settings the contract cannot take in place."""
 
-class StreamConfigConflict(RunfleetError):
-    code = "stream_config_conflict"
     remedy = "JetStream cannot change this in place: migrate the stream by hand, then re-run"
 
 
-class MalformedMessage(RunfleetError):
-    code = "malformed"
+class MalformedMessage(RunfleetError, code="malformed"):
+    """A queue message that does not parse as the wire contract (SPEC §3)."""
 
 
-class UnsupportedSchema(RunfleetError):
-    code = "unsupported_schema"
+class UnsupportedSchema(RunfleetError, code="unsupported_schema"):
+    """A queue message of a schema version newer than this build reads."""
 
 
-class RunNotCancellable(Refusal):
-    code = "run_not_cancellable"
+class RunNotCancellable(Refusal, code="run_not_cancellable"):
+    """The run is in a status that a cancel cannot leave."""
+
     remedy = "only queued, running, paused or failed_resumable runs can be cancelled"
 
 
-class StaleRecord(Refusal):
-    code = "stale_record"
+class StaleRecord(Refusal, code="stale_record"):
+    """A DLQ record for an attempt the run has moved past."""
+
     remedy = "the run moved on since this record was written: purge it, or resume the run"
 
 
-class RecordNotReplayable(Refusal):
-    code = "record_not_replayable"
+class RecordNotReplayable(Refusal, code="record_not_replayable"):
+    """A DLQ record that has no run to resume."""
+
     remedy = "a record with no run to resume can only be purged (`runfleet dlq purge ID`)"
 
 
-class RecordNotFound(Refusal):
-    code = "record_not_found"
+class RecordNotFound(Refusal, code="record_not_found"):
+    """No DLQ record with that id."""
+
     remedy = "list records with `runfleet dlq list`"

@@ -7,19 +7,60 @@ runner drains (so Kubernetes stops routing to it)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from store import StoreError
+from runner.config import RunnerSettings
+from runner.metrics import RunnerMetrics
+from store import RunStore, StoreError
 
-if TYPE_CHECKING:
-    from runner.runner import Runner
+
+class _Connection(Protocol):
+    @property
+    def is_connected(self) -> bool: ...
+
+
+class _Wire(Protocol):
+    """The part of `RunnerServices` readiness reads."""
+
+    @property
+    def nc(self) -> _Connection: ...
+    @property
+    def draining(self) -> bool: ...
+
+
+class HealthSource(Protocol):
+    """What the three endpoints read of a runner, and nothing more.
+
+    `runner.Runner` satisfies it structurally, so this module never imports the runner (the
+    arrow points one way: runner → health). The members are read-only properties, so a test's
+    fake (or a console) needs only these few facts."""
+
+    @property
+    def svc(self) -> _Wire | None:
+        """The NATS connection and the draining flag; `None` before the runner started."""
+        ...
+
+    @property
+    def store(self) -> RunStore: ...
+    @property
+    def settings(self) -> RunnerSettings: ...
+    @property
+    def metrics(self) -> RunnerMetrics: ...
+    @property
+    def last_progress(self) -> float:
+        """`time.monotonic()` of the fetch loop's last progress."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """The `/healthz` body (owner, inflight, slots, draining, since_progress_s)."""
+        ...
 
 
 class HealthServer:
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: HealthSource) -> None:
         self.runner = runner
         self.port = 0
         self._site_runner: web.AppRunner | None = None

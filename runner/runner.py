@@ -44,8 +44,9 @@ from store import BlobStore, RunfleetError, RunStore, StoreError
 log = logging.getLogger(__name__)
 
 
-class ConsumerMismatch(RunfleetError):
-    code = "consumer_mismatch"
+class ConsumerMismatch(RunfleetError, code="consumer_mismatch"):
+    """The durable consumer contradicts this runner's settings (SPEC §3)."""
+
     remedy = "run `runfleet streams ensure` with the same RUNFLEET_* settings as the runners"
 
 

@@ -39,18 +39,16 @@ _HASH_CHUNK = 1024 * 1024
 _REAP_BATCH = 100
 
 
-class StagedUploadNotFound(RunfleetError):
+class StagedUploadNotFound(RunfleetError, code="upload_not_found"):
     """No staged upload with that id for this tenant (never staged, discarded, promoted, reaped,
     or staged by another tenant: the error does not say which)."""
 
-    code = "upload_not_found"
     remedy = "stage the files again; a staged upload is used once and expires"
 
 
-class StagedUploadInvalid(RunfleetError):
+class StagedUploadInvalid(RunfleetError, code="upload_invalid"):
     """The files given to `stage` cannot be staged as named."""
 
-    code = "upload_invalid"
     remedy = "give each attachment a simple name and files with distinct file names"
 
 
