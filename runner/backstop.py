@@ -4,6 +4,10 @@ A message that reached `max_deliver` without a disposition stays in the work str
 The backstop settles each one as an admission at `num_delivered = max_deliver`, writing nothing
 before it has judged, and acks the advisory only once the message is settled. Because the
 advisories are captured in a stream, none is lost while no runner is connected.
+
+No content of a single message may stop the loop (§5.1, §13.12): an advisory or a body that
+cannot be read is judged, never raised, and anything else one message makes `settle` raise is
+handled as an admission's internal error at the last delivery (§5.1): recorded, then deleted.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
 from engine.failures import FailureCode, is_auto_resumable
-from publisher.errors import MalformedMessage, UnsupportedSchema
+from publisher.errors import MalformedMessage, RecordNotFound, UnsupportedSchema
 from publisher.wire import RunMessage, decode
 from runner.admission import SETTLED
 from runner.services import RunnerServices
@@ -37,6 +41,41 @@ from store import (
 )
 
 log = logging.getLogger(__name__)
+
+TRANSIENT_NAK = 5.0
+"""Seconds before an advisory nak'd for a store or NATS error is judged again."""
+UNRECORDABLE_NAK = 30.0
+"""Seconds before an advisory is judged again when an unexpected error left its message not
+even recordable: the message stays in the stream, so nothing is deleted without a record."""
+MAX_SEQ = 2**64 - 1  # a JetStream sequence is a uint64
+
+
+def advisory_seq(data: bytes) -> int | None:
+    """The work-stream sequence a MAX_DELIVERIES advisory names, or None when it names none
+    we can act on. Never raises: a deeply nested body raises `RecursionError` in the parser,
+    a 5 000-digit number `ValueError`, and a float, a bool, a string or a number outside
+    uint64 is not a sequence (a forged one must not settle someone else's message)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError, TypeError):
+        return None
+    seq = doc.get("stream_seq") if isinstance(doc, dict) else None
+    if type(seq) is not int or not 1 <= seq <= MAX_SEQ:
+        return None
+    return seq
+
+
+def _decoded(body: bytes, headers: dict[str, str]) -> RunMessage | None:
+    """Best effort, for recording what an internal error left: the message, or None."""
+    try:
+        return decode(body, headers)
+    except Exception:  # noqa: BLE001 - anything a hostile body raises means "not decodable"
+        return None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:300]}{'…' if len(text) > 300 else ''}"
 
 
 class Backstop:
@@ -64,23 +103,33 @@ class Backstop:
                 await asyncio.sleep(1.0)
                 continue
             for msg in msgs:
-                await self.settle_advisory(msg)
+                await self.settle_advisory(msg)  # never raises but CancelledError
 
     async def settle_advisory(self, adv: Msg) -> str:
-        try:
-            seq = int(json.loads(adv.data)["stream_seq"])
-        except (ValueError, KeyError, TypeError):
+        """Settle one advisory; returns the verdict. Catches everything one message can raise
+        (SPEC §5.1 last sentence): only cancellation leaves this method by an exception."""
+        seq = advisory_seq(adv.data)
+        if seq is None:
             log.error("backstop: unreadable advisory %r; acked", adv.data[:200])
-            await adv.ack()
+            await self._dispose(adv, None, None)
             return "bad_advisory"
         try:
             verdict, delay = await self.settle(seq)
         except StoreError as exc:
             log.warning("backstop: store unavailable for seq %s (%s)", seq, exc)
-            verdict, delay = "store_error", 5.0
+            verdict, delay = "store_error", TRANSIENT_NAK
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("backstop: NATS error settling seq %s (%r)", seq, exc)
-            verdict, delay = "nats_error", 5.0
+            verdict, delay = "nats_error", TRANSIENT_NAK
+        except Exception as exc:
+            log.exception("backstop: settling seq %s raised; recording it internal_error", seq)
+            verdict, delay = await self._internal_error(seq, exc)
+        await self._dispose(adv, seq, delay)
+        return verdict
+
+    async def _dispose(self, adv: Msg, seq: int | None, delay: float | None) -> None:
+        """Ack a settled advisory (confirmed), nak an unsettled one with its delay. A failure
+        here is logged: the advisory is then redelivered after its ack_wait and judged again."""
         try:
             if delay is None:
                 await adv.ack_sync()
@@ -88,7 +137,34 @@ class Backstop:
                 await adv.nak(delay=delay)
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("backstop: advisory for seq %s not disposed (%r)", seq, exc)
-        return verdict
+        except Exception:
+            log.exception("backstop: advisory for seq %s not disposed", seq)
+
+    async def _internal_error(self, seq: int, exc: Exception) -> tuple[str, float | None]:
+        """An unexpected error while settling is an admission's internal error at the last
+        delivery (SPEC §5.1): record the message `internal_error` (unless a record for that
+        sequence exists already: a runner's or our own park's record says more), delete it,
+        ack the advisory. The run is left as it was; the sweeper parks a run whose message was
+        dead-lettered instead of republishing it (§5.9). When even that cannot be done, the
+        message stays, and the advisory is nak'd to be judged again later."""
+        svc = self.svc
+        try:
+            try:
+                raw = await svc.js.get_msg(svc.names.runs_stream, seq)
+            except NotFoundError:
+                return "gone", None
+            body = raw.data or b""
+            headers = dict(raw.headers or {})
+            if not await self._has_record(seq):
+                message = _decoded(body, headers)
+                await self._record(
+                    seq, body, headers, message, "internal_error", _describe(exc), True
+                )
+            await self._delete(seq)
+        except Exception:
+            log.exception("backstop: seq %s could not be recorded; the advisory waits", seq)
+            return "internal_error", UNRECORDABLE_NAK
+        return "internal_error", None
 
     async def settle(self, seq: int) -> tuple[str, float | None]:
         """Judge one max-delivered message. Returns (verdict, nak delay for the advisory or
@@ -102,8 +178,16 @@ class Backstop:
         headers = dict(raw.headers or {})
         try:
             message = decode(body, headers)
-        except (MalformedMessage, UnsupportedSchema) as exc:
+        except UnsupportedSchema as exc:  # §5.2 step 1, at the last delivery
+            await self._record(seq, body, headers, None, exc.code, exc.message, False)
+            await self._delete(seq)
+            return exc.code, None
+        except MalformedMessage as exc:
             await self._record(seq, body, headers, None, "malformed", exc.message, False)
+            await self._delete(seq)
+            return "malformed", None
+        except Exception as exc:  # noqa: BLE001 - v2.2 §5.2 step 1: whatever the parser raises
+            await self._record(seq, body, headers, None, "malformed", _describe(exc), False)
             await self._delete(seq)
             return "malformed", None
         try:
@@ -112,14 +196,21 @@ class Backstop:
             await self._record(seq, body, headers, message, "run_not_found", "no such run", False)
             await self._delete(seq)
             return "run_not_found", None
+        if message.tenant != run.tenant:  # §5.2 step 2, as admission checks it
+            detail = f"message tenant {message.tenant!r} is not the run's"
+            await self._record(seq, body, headers, message, "tenant_mismatch", detail, False)
+            await self._delete(seq)
+            return "tenant_mismatch", None
         if message.attempt < run.attempt or (message.attempt == run.attempt and self._settled(run)):
             if (
                 message.attempt == run.attempt
                 and run.failure_code == FailureCode.DLQ_PARKED
                 and not await self._has_record(seq)
             ):
-                # Its runner died between the record and the park's ack: restore the record.
+                # A park whose record was never written (the backstop died between its park
+                # and its record, below): restore the record, and the event after it.
                 await self._record(seq, body, headers, message, "max_deliveries", "", True)
+                await self._park_event(run, seq, only_if_missing=True)
             await self._delete(seq)
             return "settled", None
         if message.attempt > run.attempt:
@@ -141,18 +232,24 @@ class Backstop:
             assert run.lease is not None
             wait = (run.lease.expires_at + svc.skew - now).total_seconds()
             return "lease_held", max(wait, 0.5)
-        await self._record(
-            seq,
-            body,
-            headers,
-            message,
-            "max_deliveries",
-            f"status {run.status} {run.failure_code or ''}".strip(),
-            True,
-        )
+        return await self._park(seq, body, headers, message, run)
+
+    async def _park(
+        self,
+        seq: int,
+        body: bytes,
+        headers: dict[str, str],
+        message: RunMessage,
+        run: RunDocument,
+    ) -> tuple[str, float | None]:
+        """Park by CAS on the status and attempt read ∧ lease free, and only once that CAS won
+        write the record, the event, and delete the message (issue 12 item 6). A record written
+        first would outlive a lost CAS as a replayable record of a run that was not parked; a
+        crash after the park is repaired by the settled branch of `settle` on redelivery."""
+        svc = self.svc
         parked = await svc.store.update_run(
             run.run_id,
-            [Eq("status", run.status), Eq("attempt", run.attempt), LeaseFree(now, svc.skew)],
+            [Eq("status", run.status), Eq("attempt", run.attempt), LeaseFree(utcnow(), svc.skew)],
             Update(
                 set={
                     "status": RunStatus.FAILED_RESUMABLE,
@@ -165,14 +262,31 @@ class Backstop:
         )
         if isinstance(parked, CasConflict):
             return "raced", 1.0  # judge again on the advisory's redelivery
-        await svc.store.append_event(
+        detail = f"status {run.status} {run.failure_code or ''}".strip()
+        await self._record(seq, body, headers, message, "max_deliveries", detail, True)
+        await self._park_event(run, seq)
+        await self._delete(seq)
+        return "parked", None
+
+    async def _park_event(
+        self, run: RunDocument, seq: int, *, only_if_missing: bool = False
+    ) -> None:
+        store = self.svc.store
+        if only_if_missing:
+            after = 0
+            while True:
+                events = await store.read_events(run.run_id, after_seq=after, limit=1000)
+                if any(e.type == "run_dlq_parked" and e.attempt == run.attempt for e in events):
+                    return
+                if len(events) < 1000:
+                    break
+                after = events[-1].seq
+        await store.append_event(
             run.run_id,
             "run_dlq_parked",
             {"reason": "max_deliveries", "record_id": seq},
             attempt=run.attempt,
         )
-        await self._delete(seq)
-        return "parked", None
 
     @staticmethod
     def _settled(run: RunDocument) -> bool:
@@ -181,8 +295,6 @@ class Backstop:
         )
 
     async def _has_record(self, seq: int) -> bool:
-        from publisher.errors import RecordNotFound
-
         try:
             await self.svc.dlq.get(seq)
         except RecordNotFound:

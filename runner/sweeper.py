@@ -4,7 +4,13 @@ a lock document so one runner sweeps at a time; `runfleet sweep` runs one pass.
 It is driven by the `publication` record: a `fleet` run that should have a message on the queue
 (queued, or auto-resumable `failed_resumable`) but has none — never published, or its copy is
 gone — is republished; a `running` run whose lease is free and whose message is gone lost its
-runner for good (`RUNNER_LOST`) and is republished. Every action is a CAS on what it read.
+runner for good (`RUNNER_LOST`) and is republished. A run whose copy is gone because it was
+dead-lettered at that attempt is parked `DLQ_PARKED` instead: republishing it would only send it
+back to the DLQ, forever (issue 12 item 1).
+
+Every action is a CAS on the status, attempt and `publication` it read, and lease free (§2, §5.9);
+every publish comes after the CAS that allows it, so two sweepers, or a sweeper racing a late
+PubAck record, never publish one copy twice.
 """
 
 from __future__ import annotations
@@ -12,16 +18,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import nats.errors
 from nats.js.errors import NotFoundError
 
 from engine.failures import FailureCode, is_auto_resumable
-from publisher.errors import DuplicatePublication, PublishFailed
+from publisher.dlq import DlqRecord
+from publisher.errors import DuplicatePublication, PublishFailed, RecordNotFound
 from runner.services import RunnerServices
 from store import (
     CasConflict,
+    Condition,
     Eq,
     LeaseFree,
     Origin,
@@ -29,6 +39,7 @@ from store import (
     RunNotFound,
     RunQuery,
     RunStatus,
+    RunStore,
     StoreError,
     Update,
     lease_is_free,
@@ -38,16 +49,64 @@ from store import (
 log = logging.getLogger(__name__)
 LOCK = "runfleet-sweeper"
 
+Clock = Callable[[], datetime]
+
 
 @dataclass
 class SweepReport:
     swept: bool
     actions: Counter[str] = field(default_factory=Counter)
+    cut_short: bool = False
+    """The pass stopped early: its lock could not be kept (another runner's pass may run)."""
+
+
+class PassLock:
+    """The sweeper's election lock, held through the whole pass (SPEC §5.9).
+
+    Taken for `ttl` (two sweeper intervals), checked before every action and renewed whenever
+    less than half of it is left, so every action starts with at least `ttl / 2` (one interval)
+    of lock ahead of it — more than an action takes by default (its publish is bounded by the
+    publisher's retry budget, 20 s against a 30 s interval); one that takes longer is still
+    fenced by its own CAS. A lock that lapsed is never retaken mid-pass — another runner may
+    have swept meanwhile — so the pass stops instead (`SweepReport.cut_short`)."""
+
+    def __init__(self, store: RunStore, owner: str, ttl: timedelta, clock: Clock) -> None:
+        self.store = store
+        self.owner = owner
+        self.ttl = ttl
+        self.clock = clock
+        self.expires: datetime | None = None
+
+    async def take(self) -> bool:
+        now = self.clock()
+        if not await self.store.try_lock(LOCK, self.owner, now, self.ttl.total_seconds()):
+            self.expires = None
+            return False
+        self.expires = now + self.ttl
+        return True
+
+    async def hold(self) -> bool:
+        """True while the lock is ours with at least half its TTL left (renewing it when
+        less is left); False once it is lost or lapsed: the pass must stop."""
+        if self.expires is None:
+            return False
+        now = self.clock()
+        if now >= self.expires:
+            log.warning("sweep: the pass outlived its lock; stopping it")
+            self.expires = None
+            return False
+        if self.expires - now >= self.ttl / 2:
+            return True
+        return await self.take()
 
 
 class Sweeper:
-    def __init__(self, svc: RunnerServices) -> None:
+    def __init__(self, svc: RunnerServices, *, clock: Clock | None = None) -> None:
         self.svc = svc
+        self._clock = clock
+
+    def now(self) -> datetime:
+        return self._clock() if self._clock is not None else utcnow()
 
     async def loop(self) -> None:
         interval = self.svc.wire.sweeper_interval.total_seconds()
@@ -61,11 +120,14 @@ class Sweeper:
                 log.warning("sweep skipped: NATS unavailable (%r)", exc)
 
     async def sweep_once(self, *, force: bool = False) -> SweepReport:
+        """One pass. `force` (the CLI's `runfleet sweep`) takes no lock: its actions are CASes
+        on what they read, so a pass beside a runner's is safe, only redundant."""
         svc = self.svc
-        now = utcnow()
-        ttl = svc.wire.sweeper_interval.total_seconds() * 2
-        if not force and not await svc.store.try_lock(LOCK, svc.owner, now, ttl):
-            return SweepReport(swept=False)
+        lock: PassLock | None = None
+        if not force:
+            lock = PassLock(svc.store, svc.owner, svc.wire.sweeper_interval * 2, self.now)
+            if not await lock.take():
+                return SweepReport(swept=False)
         report = SweepReport(swept=True)
         after: str | None = None
         while True:
@@ -78,6 +140,9 @@ class Sweeper:
                 )
             )
             for run in page.runs:
+                if lock is not None and not await lock.hold():
+                    report.cut_short = True
+                    return report
                 action = await self._judge(run)
                 if action:
                     report.actions[action] += 1
@@ -85,6 +150,9 @@ class Sweeper:
             if page.next_after is None:
                 break
             after = page.next_after
+        if lock is not None and not await lock.hold():
+            report.cut_short = True
+            return report
         reaped = await self._reap_sandboxes()
         if reaped:
             report.actions["sandbox_reaped"] += reaped
@@ -99,9 +167,23 @@ class Sweeper:
             return True
         return False
 
+    def _as_read(self, run: RunDocument) -> list[Condition]:
+        """The conditions of every sweeper CAS (§5.9): the status, attempt and `publication`
+        read, and lease free. A `publication` write bumps no version, so only these fields
+        fence a late PubAck record or a claim that recorded its delivery meanwhile."""
+        pub = run.publication
+        return [
+            Eq("status", run.status),
+            Eq("attempt", run.attempt),
+            Eq("publication.attempt", pub.attempt if pub else None),
+            Eq("publication.stream_seq", pub.stream_seq if pub else None),
+            Eq("publication.at", pub.at if pub else None),
+            LeaseFree(self.now(), self.svc.skew),
+        ]
+
     async def _judge(self, run: RunDocument) -> str | None:
         svc = self.svc
-        now = utcnow()
+        now = self.now()
         if not lease_is_free(run, now, svc.skew):
             return None
         pub = run.publication
@@ -112,14 +194,12 @@ class Sweeper:
                 and not await self._message_gone(pub.stream_seq)
             ):
                 return None  # redelivered after ack_wait: the adoption path takes it
+            record = await self._dead_letter_record(run)
+            if record is not None:
+                return await self._park(run, record)
             lost = await svc.store.update_run(
                 run.run_id,
-                [
-                    Eq("status", RunStatus.RUNNING),
-                    Eq("attempt", run.attempt),
-                    Eq("version", run.version),
-                    LeaseFree(now, svc.skew),
-                ],
+                [*self._as_read(run), Eq("version", run.version)],
                 Update(
                     set={
                         "status": RunStatus.FAILED_RESUMABLE,
@@ -143,35 +223,95 @@ class Sweeper:
         if pub is None or pub.attempt != run.attempt:
             if now - run.attempt_at < svc.wire.sweeper_grace:
                 return None
-            try:
-                ack = await svc.publisher.publish(run, "sweep", expect_new=False)
-            except (PublishFailed, DuplicatePublication) as exc:
-                log.warning("sweep: run %s republish failed: %s", run.run_id, exc)
-                return None
-            await svc.publisher.record_publication(run, ack)
-            return "republish_duplicate" if ack.duplicate else "republish_missing"
+            return await self._republish_missing(run)
         if now - pub.at < svc.engine.lease_timing().interval:
             return None
         if not await self._message_gone(pub.stream_seq):
             return None
+        record = await self._dead_letter_record(run)
+        if record is not None:
+            return await self._park(run, record)
         return await self._republish_gone(run, "republish_gone")
+
+    async def _dead_letter_record(self, run: RunDocument) -> DlqRecord | None:
+        """The DLQ record of the run's current copy, when that copy was dead-lettered at the
+        run's attempt (a runner's last delivery, the backstop)."""
+        pub = run.publication
+        if pub is None or pub.attempt != run.attempt or pub.stream_seq is None:
+            return None
+        try:
+            record = await self.svc.dlq.get(pub.stream_seq)
+        except RecordNotFound:
+            return None
+        except ValueError as exc:  # not a record a runfleet part wrote: not this run's
+            log.warning("sweep: DLQ record %s is unreadable (%s)", pub.stream_seq, exc)
+            return None
+        if record.run_id != run.run_id or record.attempt != run.attempt:
+            return None
+        return record
+
+    async def _park(self, run: RunDocument, record: DlqRecord) -> str | None:
+        """A run left `queued`, `running` or auto-resumable behind the DLQ record of its last
+        delivery (say an admission-phase internal error there) is parked `DLQ_PARKED`, as the
+        backstop would have; an operator's resume or a replay of the record brings it back."""
+        svc = self.svc
+        parked = await svc.store.update_run(
+            run.run_id,
+            self._as_read(run),
+            Update(
+                set={
+                    "status": RunStatus.FAILED_RESUMABLE,
+                    "failure_code": FailureCode.DLQ_PARKED,
+                    "cause_code": run.failure_code,
+                    "error": f"its last delivery was dead-lettered ({record.reason[:80]})",
+                },
+                unset=["lease"],
+            ),
+        )
+        if isinstance(parked, CasConflict):
+            return None
+        await svc.store.append_event(
+            run.run_id,
+            "run_dlq_parked",
+            {"reason": record.reason, "record_id": record.id},
+            attempt=run.attempt,
+        )
+        return "dlq_parked"
+
+    async def _count(self, run: RunDocument) -> RunDocument | None:
+        """The CAS that allows one republish: bump the sweep counter `n` on what was read.
+        Only the winner publishes; the loser (another pass, or a run whose publication was
+        recorded meanwhile) publishes nothing."""
+        counted = await self.svc.store.update_run(
+            run.run_id,
+            [*self._as_read(run), Eq("sweep_republishes", run.sweep_republishes)],
+            Update(set={"sweep_republishes": run.sweep_republishes + 1}, bump_version=False),
+        )
+        return None if isinstance(counted, CasConflict) else counted
+
+    async def _republish_missing(self, run: RunDocument) -> str | None:
+        """No publication for the attempt: republish under the original `<run_id>:<attempt>`
+        (a duplicate answer means the original landed: its sequence is recorded)."""
+        svc = self.svc
+        counted = await self._count(run)
+        if counted is None:
+            return None
+        try:
+            ack = await svc.publisher.publish(counted, "sweep", expect_new=False)
+        except (PublishFailed, DuplicatePublication) as exc:
+            log.warning("sweep: run %s republish failed: %s", run.run_id, exc)
+            return None
+        await svc.publisher.record_publication(counted, ack)
+        return "republish_duplicate" if ack.duplicate else "republish_missing"
 
     async def _republish_gone(self, run: RunDocument, action: str) -> str | None:
         """A copy that is gone is republished under `<run_id>:<attempt>:s<n>` (n counted on
         the run), so the duplicate window cannot swallow it."""
         svc = self.svc
-        n = run.sweep_republishes + 1
-        counted = await svc.store.update_run(
-            run.run_id,
-            [
-                Eq("status", run.status),
-                Eq("attempt", run.attempt),
-                Eq("sweep_republishes", run.sweep_republishes),
-            ],
-            Update(set={"sweep_republishes": n}, bump_version=False),
-        )
-        if isinstance(counted, CasConflict):
+        counted = await self._count(run)
+        if counted is None:
             return None
+        n = counted.sweep_republishes
         try:
             ack = await svc.publisher.publish(counted, "sweep", sweep=n)
         except (PublishFailed, DuplicatePublication) as exc:

@@ -46,7 +46,7 @@ async def create(fleet: Fleet, status: RunStatus, **fields: Any) -> RunDocument:
 
 async def message_id(fleet: Fleet, seq: int) -> str:
     msg = await fleet.js.get_msg(fleet.names.runs_stream, seq)
-    return dict(msg.headers or {})[HDR_MSG_ID]
+    return str(dict(msg.headers or {})[HDR_MSG_ID])
 
 
 async def gone_copy(fleet: Fleet, run_id: str, attempt: int = 1) -> int:
