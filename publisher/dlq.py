@@ -1,7 +1,11 @@
 """Dead-letter records (SPEC §3): one message per dead work-stream sequence on
 `runfleet.dlq.<seq>` in the DLQ stream, whose `max_msgs_per_subject` of 1 makes recording twice
 harmless. Bodies over 256 KiB go to the blob store at `dlq/<seq>.bin`. Nothing a runner cannot
-decode is dropped: the raw bytes are kept (base64)."""
+decode is dropped: the raw bytes are kept (base64).
+
+Infrastructure failures (a missing stream, a timeout) leave here as nats-py's own errors: the
+runner's loops handle those as "retry shortly", and operator code translates them at its
+boundary (`publisher.nats_errors`)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
 from publisher.errors import RecordNotFound
+from publisher.nats_errors import is_stream_missing
 from publisher.wire import WireNames
 from store import BlobStore, UtcDatetime, utcnow
 
@@ -86,7 +91,9 @@ class DlqStore:
             msg = await self.js.get_last_msg(
                 self.names.dlq_stream, self.names.dlq_subject(record_id)
             )
-        except NotFoundError:
+        except NotFoundError as exc:
+            if is_stream_missing(exc):
+                raise  # no DLQ stream is not "no record": the caller's boundary translates it
             raise RecordNotFound(f"no DLQ record {record_id}") from None
         return DlqRecord.model_validate_json(msg.data or b"{}")
 
@@ -107,7 +114,9 @@ class DlqStore:
                 msg = await self.js.get_msg(
                     self.names.dlq_stream, seq=seq, subject=self.names.dlq_subject("*"), next=True
                 )
-            except NotFoundError:
+            except NotFoundError as exc:
+                if is_stream_missing(exc):
+                    raise  # a missing DLQ stream is not an empty one
                 break
             assert msg.seq is not None
             seq = msg.seq + 1

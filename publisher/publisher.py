@@ -17,7 +17,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import APIError
+from nats.js.errors import NoStreamResponseError
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -34,10 +34,10 @@ from publisher.dlq import DlqStore
 from publisher.errors import (
     DuplicatePublication,
     PublishFailed,
-    RecordNotReplayable,
     RunNotCancellable,
-    StaleRecord,
 )
+from publisher.nats_errors import translate_nats_error
+from publisher.replay import replay_record
 from publisher.wire import MessageKind, ResumeCopy, RunMessage, WireNames, encode, msg_id
 from store import (
     CasConflict,
@@ -65,6 +65,9 @@ _RETRYABLE = (
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionReconnectingError,
     nats.errors.OutboundBufferLimitError,
+    # No stream took the publish: JetStream restarting answers nothing for a moment (a stream
+    # that is really gone fails every try, and the error names `runfleet streams ensure`).
+    NoStreamResponseError,
     OSError,
 )
 
@@ -140,10 +143,14 @@ class Publisher:
                         stream=self.names.runs_stream,
                         headers=headers,
                     )
-        except (*_RETRYABLE, APIError) as exc:
+        except (*_RETRYABLE, nats.errors.Error) as exc:
+            # Every nats-py error of a publish (an APIError too) is a failed publish: the caller
+            # puts the run back. The remedy says what to fix (a missing stream, a timeout...).
+            cause = translate_nats_error(exc)
             raise PublishFailed(
                 f"run {run.run_id}: publishing attempt {run.attempt} failed after {tries}"
-                f" tries: {exc!r}"
+                f" tries: {cause.message}",
+                remedy=cause.remedy,
             ) from exc
         if ack.duplicate and tries == 1 and expect_new:
             raise DuplicatePublication(
@@ -209,7 +216,7 @@ class Publisher:
         try:
             ack = await self.publish(doc, "launch")
         except (PublishFailed, DuplicatePublication) as exc:
-            await self.store.update_run(
+            failed = await self.store.update_run(
                 doc.run_id,
                 [Eq("status", RunStatus.QUEUED), Eq("attempt", 1), Ne("publication.attempt", 1)],
                 Update(
@@ -220,6 +227,11 @@ class Publisher:
                     }
                 ),
             )
+            if isinstance(failed, CasConflict) and failed.current is not None:
+                # A copy landed after all (its PubAck was lost) and a runner claimed it: the
+                # run is alive, so the launch succeeded — never report a failure it isn't.
+                log.warning("run %s: publish reported %s, but a copy landed", doc.run_id, exc)
+                return failed.current
             await self.store.append_event(
                 doc.run_id,
                 "run_failed",
@@ -239,7 +251,8 @@ class Publisher:
 
     # -- resume and replay --------------------------------------------------------------------
 
-    async def _get(self, run_id: str, tenant: str) -> RunDocument:
+    async def get_run(self, run_id: str, tenant: str) -> RunDocument:
+        """The run, as `RunNotFound` when it belongs to another tenant."""
         run = await self.store.get_run(run_id)
         if run.tenant != tenant:
             raise RunNotFound(f"no run {run_id!r}")  # another tenant's run does not exist here
@@ -256,7 +269,7 @@ class Publisher:
     ) -> RunDocument:
         """Judge (refusals in SPEC §4 order), queue by one CAS on the status and attempt read,
         publish, record. The loser of two concurrent resumes gets `run_not_resumable`."""
-        run = await self._get(run_id, tenant)
+        run = await self.get_run(run_id, tenant)
         spec = judge_resume(run, request).model_copy(
             update={"kind": kind, "dlq_record": dlq_record}
         )
@@ -290,7 +303,7 @@ class Publisher:
         try:
             ack = await self.publish(result, kind, resume=copy)
         except (PublishFailed, DuplicatePublication) as exc:
-            await self._flip_back(result, spec.prior_status, exc.message)
+            await self.flip_back(result, spec.prior_status, exc.message)
             raise
         await self.record_publication(result, ack)
         await self.store.append_event(
@@ -298,7 +311,7 @@ class Publisher:
         )
         return await self.store.get_run(run_id)
 
-    async def _flip_back(self, run: RunDocument, prior: RunStatus, reason: str) -> None:
+    async def flip_back(self, run: RunDocument, prior: RunStatus, reason: str) -> None:
         """A failed publish puts the run back where it was; the attempt stays (never
         decreases), so any copy that did land is superseded."""
         result = await self.store.update_run(
@@ -321,53 +334,10 @@ class Publisher:
         )
 
     async def replay(self, record_id: int, *, tenant: str) -> RunDocument:
-        """Replay a DLQ record through the resume path; the record goes only once the replay's
-        publication is recorded (a crash in between leaves it to be replayed again, which
-        `stale_record` then refuses harmlessly)."""
-        assert self.dlq is not None, "replay needs a DLQ store"
-        record = await self.dlq.get(record_id)
-        if not record.replayable or record.run_id is None:
-            raise RecordNotReplayable(f"DLQ record {record_id} has no run to resume")
-        run = await self._get(record.run_id, tenant)
-        spec = run.resume_spec
-        if spec is not None and spec.kind == "replay" and spec.dlq_record == record_id:
-            # A replay of this record already queued its attempt (a bulk replay died before
-            # removing the record): finish the job, never replay twice.
-            await self._finish_replay(run, spec.attempt)
-            await self.dlq.delete(record_id)
-            return await self.store.get_run(run.run_id)
-        if record.attempt != run.attempt:
-            raise StaleRecord(
-                f"DLQ record {record_id} is for attempt {record.attempt}; run {run.run_id} is"
-                f" at attempt {run.attempt}"
-            )
-        doc = await self.resume(
-            run.run_id, ResumeRequest(), tenant=tenant, kind="replay", dlq_record=record_id
-        )
-        await self.dlq.delete(record_id)
-        return doc
-
-    async def _finish_replay(self, run: RunDocument, attempt: int) -> None:
-        """Re-run what the interrupted replay did not get to: the publish (only while the run
-        still waits in `queued` for that attempt with none recorded) and its `run_queued`."""
-        if (
-            run.status is RunStatus.QUEUED
-            and run.attempt == attempt
-            and (run.publication is None or run.publication.attempt != attempt)
-        ):
-            ack = await self.publish(run, "replay", expect_new=False)
-            await self.record_publication(run, ack)
-        after = 0
-        while True:
-            events = await self.store.read_events(run.run_id, after_seq=after, limit=500)
-            if any(e.type == "run_queued" and e.data.get("attempt") == attempt for e in events):
-                return
-            if len(events) < 500:
-                break
-            after = events[-1].seq
-        await self.store.append_event(
-            run.run_id, "run_queued", {"attempt": attempt, "kind": "replay"}, attempt=attempt
-        )
+        """Replay a DLQ record through the resume path (SPEC §4 Replay; `publisher.replay`):
+        the record goes only once the replay's publication is recorded, and a replay that
+        stopped half-way (killed, or its publish failed) is finished by the next one."""
+        return await replay_record(self, record_id, tenant=tenant)
 
     # -- cancel ------------------------------------------------------------------------------
 
@@ -375,7 +345,7 @@ class Publisher:
         self, run_id: str, *, tenant: str, skew: timedelta | None = None
     ) -> RunDocument:
         skew = skew if skew is not None else self.settings.lease_skew
-        run = await self._get(run_id, tenant)
+        run = await self.get_run(run_id, tenant)
         now = utcnow()
         if run.status in CANCELLABLE_DIRECTLY:
             result = await self.store.update_run(

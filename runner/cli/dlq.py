@@ -16,8 +16,9 @@ import click
 
 from publisher import DlqRecord, DlqStore, decode
 from publisher.errors import MalformedMessage, UnsupportedSchema
+from publisher.nats_errors import nats_boundary
 from runner.cli.context import open_env
-from runner.cli.errors import EXIT_REFUSED
+from runner.cli.errors import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, exit_code_for
 from runner.cli.runtime import command, echo_json, json_option
 from store import RunfleetError, RunNotFound, utcnow
 from store.timeutil import parse_duration
@@ -122,11 +123,16 @@ async def dlq_show(record_id: int, as_json: bool) -> None:
 async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_json: bool) -> None:
     """Replay records as fresh attempts of their runs."""
     results: list[dict[str, Any]] = []
+    exit_code = EXIT_OK
+    not_attempted: list[int] = []
+    unreachable: set[int] = set()
     async with open_env() as env, env.publisher() as pub:
         assert pub.dlq is not None
-        for record in await _select(pub.dlq, ids, all_, reason, None):
+        records = await _select(pub.dlq, ids, all_, reason, None)
+        for index, record in enumerate(records):
             try:
-                run = await pub.replay(record.id, tenant=env.settings.tenant)
+                with nats_boundary(f"replaying DLQ record {record.id}"):
+                    run = await pub.replay(record.id, tenant=env.settings.tenant)
                 results.append(
                     {
                         "id": record.id,
@@ -137,17 +143,32 @@ async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_js
                 )
             except RunfleetError as exc:
                 results.append({"id": record.id, "replayed": False, "error": exc.to_dict()})
-    refused = [r for r in results if not r["replayed"]]
+                if exit_code_for(exc) == EXIT_UNREACHABLE:
+                    # NATS or the store is not there: every other record would fail alike,
+                    # each after its retry budget. They stay, for a replay once it is back.
+                    exit_code = EXIT_UNREACHABLE
+                    unreachable.add(record.id)
+                    not_attempted = [r.id for r in records[index + 1 :]]
+                    break
+                exit_code = EXIT_REFUSED
     if as_json:
-        echo_json({"results": results})
+        out: dict[str, Any] = {"results": results}
+        if not_attempted:
+            out["not_attempted"] = not_attempted
+        echo_json(out)
     else:
         for r in results:
             if r["replayed"]:
                 click.echo(f"replayed {r['id']}: run {r['run_id']} attempt {r['attempt']}")
+            elif r["id"] in unreachable:
+                click.echo(f"failed   {r['id']}: [{r['error']['code']}] {r['error']['message']}")
+                click.echo(f"  remedy: {r['error'].get('remedy')}")
             else:
                 click.echo(f"refused  {r['id']}: [{r['error']['code']}] {r['error']['message']}")
-    if refused:
-        raise SystemExit(EXIT_REFUSED)
+        if not_attempted:
+            click.echo(f"not attempted: {', '.join(map(str, not_attempted))}")
+    if exit_code != EXIT_OK:
+        raise SystemExit(exit_code)
 
 
 @dlq_group.command("purge")

@@ -11,7 +11,8 @@ from typing import ParamSpec
 
 import click
 
-from publisher import NatsUnavailable
+from publisher import NatsUnavailable, PublishFailed
+from publisher.nats_errors import NATS_ERRORS, translate_nats_error
 from runner.cli.errors import EXIT_OTHER, fail, register_unreachable
 from runner.cli.views import echo_json
 from store import RunfleetError
@@ -20,7 +21,8 @@ P = ParamSpec("P")
 
 __all__ = ["command", "echo_json", "json_option"]
 
-register_unreachable(NatsUnavailable)
+register_unreachable(NatsUnavailable)  # and its kinds: timeout, JetStream, missing stream
+register_unreachable(PublishFailed)  # after bounded retries: NATS or its stream is not there
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document")
 
@@ -37,6 +39,10 @@ def command(fn: Callable[P, Awaitable[None]]) -> Callable[P, None]:
             fail(exc, as_json=as_json)
         except (click.ClickException, click.Abort):
             raise
+        except NATS_ERRORS as exc:
+            # The operations translate at their boundary; this catches what a lower layer
+            # (a runner's services, started for `sweep`) let through: never `internal`.
+            fail(translate_nats_error(exc), as_json=as_json)
         except KeyboardInterrupt:
             sys.exit(130)
         except Exception as exc:  # noqa: BLE001 - the last line of defence prints, exit 1

@@ -1,0 +1,238 @@
+"""Replay after a failed publish (SPEC §4 Replay and Resume, issue 12 item 3), against the real
+JetStream and a real store: a publish fails *after* the replay's CAS because the work stream is
+gone (deleted, as an operator or a broken migration would), not because a mock says so.
+
+A replay whose publish fails puts the run back and keeps its record; the next replay of that
+record reads what the run actually is and publishes for real; the record goes only after the
+replay's publication is recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from publisher import (
+    DlqRecord,
+    DlqStore,
+    Publisher,
+    PublishFailed,
+    RecordNotFound,
+    RunMessage,
+    StaleRecord,
+    WireNames,
+    WireSettings,
+    decode,
+    encode,
+    ensure_streams,
+)
+from publisher.replay import ReplayStage, replay_stage
+from store import Publication, ResumeSpec, RunDocument, RunStatus, RunStore, utcnow
+from tests.publisher.conftest import Nats, put_run, stream_count, stream_messages
+
+RECORD = 17
+PARKED: dict[str, Any] = {
+    "status": RunStatus.FAILED_RESUMABLE,
+    "failure_code": "DLQ_PARKED",
+    "cause_code": "TOOL_FAILED_TRANSIENT",
+}
+
+
+async def dead_letter(dlq: DlqStore, run: RunDocument, *, attempt: int) -> DlqRecord:
+    """The record a runner writes when `attempt`'s delivery budget ran out."""
+    message = RunMessage(
+        run_id=run.run_id, tenant=run.tenant, attempt=attempt, kind="launch", published_at=utcnow()
+    )
+    data, headers = encode(message)
+    return await dlq.put(
+        seq=RECORD,
+        body=data,
+        headers=headers,
+        reason="retries_exhausted",
+        run_id=run.run_id,
+        attempt=attempt,
+        num_delivered=2,
+        runner="runner-a",
+    )
+
+
+def replay_spec(attempt: int, prior: RunStatus = RunStatus.FAILED_RESUMABLE) -> ResumeSpec:
+    """The resume_spec a replay of RECORD writes with its CAS (then was interrupted)."""
+    return ResumeSpec(
+        attempt=attempt, prior_status=prior, kind="replay", dlq_record=RECORD, published_at=utcnow()
+    )
+
+
+def dlq_of(publisher: Publisher) -> DlqStore:
+    assert publisher.dlq is not None
+    return publisher.dlq
+
+
+async def record_kept(publisher: Publisher) -> bool:
+    try:
+        await dlq_of(publisher).get(RECORD)
+    except RecordNotFound:
+        return False
+    return True
+
+
+async def queued_attempts(store: RunStore, run_id: str) -> list[int]:
+    return [e.data["attempt"] for e in await store.read_events(run_id) if e.type == "run_queued"]
+
+
+class RecordingDlq(DlqStore):
+    """The real DLQ store, noting what the run looked like when each record was removed."""
+
+    def __init__(self, inner: DlqStore, store: RunStore) -> None:
+        super().__init__(inner.js, inner.names, inner.blobs)
+        self.store = store
+        self.removed_while: list[RunDocument] = []
+
+    async def delete(self, record_id: int) -> bool:
+        record = await self.get(record_id)
+        assert record.run_id is not None
+        self.removed_while.append(await self.store.get_run(record.run_id))
+        return await super().delete(record_id)
+
+
+async def test_a_replay_whose_publish_fails_after_its_cas_flips_the_run_back_and_keeps_the_record(
+    publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
+):
+    run = await put_run(run_store, attempt=2, **PARKED)
+    await dead_letter(dlq_of(publisher), run, attempt=2)
+    await nats_conn.js.delete_stream(names.runs_stream)  # the publish fails after the CAS
+
+    with pytest.raises(PublishFailed) as info:
+        await publisher.replay(RECORD, tenant="default")
+
+    assert "runfleet streams ensure" in (info.value.remedy or "")
+    after = await run_store.get_run(run.run_id)
+    assert (after.status, after.failure_code) == (RunStatus.FAILED_RESUMABLE, "DLQ_PARKED")
+    assert after.attempt == 3  # the replay's attempt stays: never decreases (SPEC §4 Resume)
+    assert after.publication is None
+    events = await run_store.read_events(run.run_id)
+    assert [(e.type, e.data["back_to"]) for e in events] == [
+        ("run_requeue_failed", "failed_resumable")
+    ]
+    assert await record_kept(publisher)
+
+
+async def test_a_second_replay_after_a_failed_publish_publishes_then_removes_the_record(
+    publisher: Publisher,
+    nats_conn: Nats,
+    names: WireNames,
+    run_store: RunStore,
+    settings: WireSettings,
+):
+    run = await put_run(run_store, attempt=2, **PARKED)
+    await dead_letter(dlq_of(publisher), run, attempt=2)
+    await nats_conn.js.delete_stream(names.runs_stream)
+    with pytest.raises(PublishFailed):
+        await publisher.replay(RECORD, tenant="default")
+    await ensure_streams(nats_conn.js, names, settings)  # the operator follows the remedy
+    recording = RecordingDlq(dlq_of(publisher), run_store)
+    publisher.dlq = recording
+
+    replayed = await publisher.replay(RECORD, tenant="default")
+
+    assert (replayed.status, replayed.attempt) == (RunStatus.QUEUED, 4)
+    (message,) = await stream_messages(nats_conn.js, names)
+    decoded = decode(message.data or b"", message.headers)
+    assert (decoded.attempt, decoded.kind) == (4, "replay")
+    assert replayed.publication is not None
+    assert (replayed.publication.attempt, replayed.publication.stream_seq) == (4, message.seq)
+    (seen,) = recording.removed_while  # the record went once, after the publication was recorded
+    assert seen.publication is not None and seen.publication.attempt == 4
+    assert not await record_kept(publisher)
+    assert await queued_attempts(run_store, run.run_id) == [4]
+
+
+async def test_a_replay_found_queued_at_its_attempt_with_no_publication_is_published_not_skipped(
+    publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
+):
+    """A replay killed between its CAS and its publish left the run `queued` at the record's
+    attempt + 1 with nothing on the queue: the next replay publishes that attempt."""
+    run = await put_run(run_store, status=RunStatus.QUEUED, attempt=3, resume_spec=replay_spec(3))
+    await dead_letter(dlq_of(publisher), run, attempt=2)
+    assert replay_stage(run, RECORD) is ReplayStage.UNPUBLISHED
+
+    replayed = await publisher.replay(RECORD, tenant="default")
+
+    (message,) = await stream_messages(nats_conn.js, names)
+    assert (message.headers or {})["Nats-Msg-Id"] == f"{run.run_id}:3"
+    assert (replayed.status, replayed.attempt) == (RunStatus.QUEUED, 3)
+    assert replayed.publication is not None and replayed.publication.attempt == 3
+    assert not await record_kept(publisher)
+    assert await queued_attempts(run_store, run.run_id) == [3]
+
+
+async def test_an_interrupted_replay_whose_publish_fails_again_flips_back_and_keeps_the_record(
+    publisher: Publisher,
+    nats_conn: Nats,
+    names: WireNames,
+    run_store: RunStore,
+    settings: WireSettings,
+):
+    run = await put_run(run_store, status=RunStatus.QUEUED, attempt=3, resume_spec=replay_spec(3))
+    await dead_letter(dlq_of(publisher), run, attempt=2)
+    await nats_conn.js.delete_stream(names.runs_stream)
+
+    with pytest.raises(PublishFailed):
+        await publisher.replay(RECORD, tenant="default")
+
+    after = await run_store.get_run(run.run_id)
+    assert (after.status, after.attempt, after.publication) == (
+        RunStatus.FAILED_RESUMABLE,
+        3,
+        None,
+    )
+    assert replay_stage(after, RECORD) is ReplayStage.FLIPPED_BACK
+    assert await record_kept(publisher)
+
+    await ensure_streams(nats_conn.js, names, settings)
+    replayed = await publisher.replay(RECORD, tenant="default")
+    assert (replayed.status, replayed.attempt) == (RunStatus.QUEUED, 4)
+    assert [
+        (m.headers or {})["Nats-Msg-Id"] for m in await stream_messages(nats_conn.js, names)
+    ] == [f"{run.run_id}:4"]
+    assert not await record_kept(publisher)
+
+
+async def test_a_replay_found_published_removes_the_record_without_publishing_again(
+    publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
+):
+    """Killed after the publication was recorded, before the record went."""
+    publication = Publication(attempt=3, stream_seq=41, at=utcnow())
+    run = await put_run(
+        run_store,
+        status=RunStatus.QUEUED,
+        attempt=3,
+        resume_spec=replay_spec(3),
+        publication=publication,
+    )
+    await dead_letter(dlq_of(publisher), run, attempt=2)
+
+    replayed = await publisher.replay(RECORD, tenant="default")
+
+    assert await stream_count(nats_conn.js, names) == 0
+    assert replayed.publication == publication
+    assert not await record_kept(publisher)
+
+
+async def test_a_replay_never_published_whose_run_was_cancelled_since_is_refused_stale(
+    publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
+):
+    """An operator cancelled the queued run before the replay's publish: replaying the record
+    again must not undo the cancel, and must not drop the record as if it had replayed."""
+    run = await put_run(
+        run_store, status=RunStatus.CANCELLED, attempt=3, resume_spec=replay_spec(3)
+    )
+    await dead_letter(dlq_of(publisher), run, attempt=2)
+
+    with pytest.raises(StaleRecord):
+        await publisher.replay(RECORD, tenant="default")
+
+    assert await run_store.get_run(run.run_id) == run
+    assert await stream_count(nats_conn.js, names) == 0
+    assert await record_kept(publisher)
