@@ -59,9 +59,7 @@ def _lookup(doc: Mapping[str, Any], path: str) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class Eq:
-    """`path == value`; `value=None` matches an absent or null field."""
-
+class _OnScalar:
     path: str
     value: Scalar
 
@@ -70,14 +68,13 @@ class Eq:
 
 
 @dataclass(frozen=True, slots=True)
-class Ne:
+class Eq(_OnScalar):
+    """`path == value`; `value=None` matches an absent or null field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ne(_OnScalar):
     """`path != value`; an absent field is "not equal" (as in MongoDB's `$ne`)."""
-
-    path: str
-    value: Scalar
-
-    def __post_init__(self) -> None:
-        _check_scalar(self.path, self.value)
 
 
 @dataclass(frozen=True, slots=True)

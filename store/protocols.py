@@ -44,12 +44,23 @@ class RunQuery:
 
 @dataclass(frozen=True, slots=True)
 class EventDraft:
-    """An event to append together with a write (see `RunStore.create_run`)."""
+    """An event before the store gives it its `seq` (see `RunStore.create_run`)."""
 
     type: str
     data: dict[str, Any]
     attempt: int | None = None
     execution: str | None = None
+
+    def event(self, run_id: str, seq: int, at: datetime) -> Event:
+        return Event(
+            run_id=run_id,
+            seq=seq,
+            type=self.type,
+            attempt=self.attempt,
+            execution=self.execution,
+            at=at,
+            data=self.data,
+        )
 
 
 @dataclass(frozen=True, slots=True)

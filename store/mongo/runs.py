@@ -1,0 +1,164 @@
+"""`MongoRunStore`: the `RunStore` on MongoDB (SPEC §9), through PyMongo's async client
+(ADR-0002, ADR-0008). This module holds the run documents and their compare-and-set; events,
+records (interactions, staged uploads, locks) and the connection are its sibling modules.
+
+Only single-document atomic operations, and only the API subset `mongomock-motor` also serves, so
+the same code runs on a standalone `mongod` (no replica set, no transactions) and in the
+conformance suite. Documents are kept in storage form (`store.codec`: instants as epoch ms), the
+same form `store.cas.to_mongo_filter` compares against, so "lease free" means one thing everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pymongo import ASCENDING
+
+from store.cas import (
+    CasConflict,
+    Condition,
+    Update,
+    apply_update,
+    check_update,
+    matches,
+    to_mongo_filter,
+    to_storage,
+)
+from store.codec import decode, encode
+from store.errors import RunAlreadyExists, RunNotFound
+from store.models import RunDocument, RunStatus
+from store.mongo.connection import Doc
+from store.mongo.events import MongoEvents
+from store.mongo.records import MongoRecords
+from store.protocols import EventDraft, RunPage, RunQuery
+from store.timeutil import to_ms, utcnow
+
+_CAS_TRIES = 50
+
+
+def _null_safe(clause: Doc) -> Doc:
+    """mongomock does not match `{"lease.token": None}` (nor `$in: [None]`) when `lease` itself is
+    null, where a real server does; naming the parents too changes nothing on a real server."""
+    if len(clause) != 1:
+        return clause
+    ((path, want),) = clause.items()
+    if path.startswith("$") or "." not in path:
+        return clause
+    if want is not None and not (isinstance(want, dict) and None in want.get("$in", ())):
+        return clause
+    parts = path.split(".")
+    return {"$or": [clause, *({".".join(parts[:i]): None} for i in range(1, len(parts)))]}
+
+
+class MongoRunStore(MongoEvents, MongoRecords):
+    """The MongoDB `RunStore`. Pass a database (tests pass a mongomock-motor one) or `connect()`."""
+
+    def _run(self, raw: Doc) -> RunDocument:
+        return decode(RunDocument, raw, what="run", ident=str(raw.get("_id")))
+
+    async def create_run(
+        self, doc: RunDocument, *, first_event: EventDraft | None = None
+    ) -> RunDocument:
+        if not await self._insert("create run", self._runs, {**encode(doc), "_id": doc.run_id}):
+            raise RunAlreadyExists(f"run {doc.run_id!r} already exists")
+        if first_event is not None:  # single-document operations: the append follows
+            await self._append_draft(doc.run_id, first_event, utcnow())
+        return doc
+
+    async def get_run(self, run_id: str) -> RunDocument:
+        raw = await self._io("get run", self._runs.find_one, {"_id": run_id})
+        if raw is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return self._run(raw)
+
+    async def update_run(
+        self, run_id: str, conditions: Sequence[Condition], update: Update
+    ) -> RunDocument | CasConflict:
+        """Judge on a fresh read, validate the result, then write only if the document is still
+        the version judged (and the conditions still hold, for writes that skip the version).
+
+        The pre-read is what keeps an invalid document (a misspelt nested path) from ever being
+        stored, and what refuses a path `mongod` would refuse (`UnwritablePath`) where mongomock
+        would drop it: MongoDB would apply it blindly. Losing to a concurrent write re-judges.
+        """
+        check_update(conditions, update)
+        now_ms = to_ms(utcnow())
+        stored = Update(
+            set={path: to_storage(value) for path, value in update.set.items()},
+            unset=update.unset,
+            bump_version=update.bump_version,
+        )
+        ops: Doc = {}
+        if update.bump_version:
+            ops["$inc"] = {"version": 1}
+        if sets := {**stored.set, **({"updated_at": now_ms} if update.bump_version else {})}:
+            ops["$set"] = sets
+        if update.unset:
+            ops["$unset"] = {path: "" for path in update.unset}
+        guard = [_null_safe(c) for c in to_mongo_filter(run_id, conditions)["$and"]]
+        current = None
+        for _ in range(_CAS_TRIES):
+            current = await self._io("read run", self._runs.find_one, {"_id": run_id})
+            if current is None:
+                raise RunNotFound(f"no run {run_id!r}")
+            if not matches(current, conditions):
+                break
+            new = apply_update(current, stored, now_ms)
+            decode(RunDocument, new, what="run update", ident=run_id)  # refuse before writing
+            if not ops:
+                return self._run(current)
+            flt = {"$and": [*guard, {"version": current.get("version")}]}
+            raw, retried = await self._find_one_and_update("update run", self._runs, flt, ops)
+            if raw is not None:
+                return self._run(raw)
+            if retried:  # the first attempt may have landed before its connection dropped
+                latest = await self._io("re-read run", self._runs.find_one, {"_id": run_id})
+                landed = Update(set=stored.set, unset=update.unset, bump_version=False)
+                if latest is not None and apply_update(latest, landed, now_ms) == latest:
+                    return self._run(latest)
+        assert current is not None
+        return CasConflict(self._run(current))
+
+    async def list_runs(self, query: RunQuery) -> RunPage:
+        clauses: list[Doc] = []
+        if query.statuses:
+            clauses.append({"status": {"$in": [to_storage(s) for s in query.statuses]}})
+        if query.tenant is not None:
+            clauses.append({"tenant": query.tenant})
+        if query.origin is not None:
+            clauses.append({"origin": to_storage(query.origin)})
+        if query.failure_codes:
+            clauses.append({"failure_code": {"$in": list(query.failure_codes)}})
+        if query.lease_expires_before is not None:
+            clauses.append({"lease.expires_at": {"$lt": to_ms(query.lease_expires_before)}})
+        if query.created_since is not None:
+            clauses.append({"created_at": {"$gte": to_ms(query.created_since)}})
+        if query.updated_before is not None:
+            clauses.append({"updated_at": {"$lt": to_ms(query.updated_before)}})
+        if query.after_run_id is not None:
+            clauses.append({"_id": {"$gt": query.after_run_id}})
+        flt: Doc = {"$and": clauses} if clauses else {}
+        raws = await self._find("list runs", self._runs, flt, [("_id", ASCENDING)], query.limit)
+        runs = [self._run(raw) for raw in raws]
+        full = query.limit > 0 and len(runs) == query.limit
+        return RunPage(runs=runs, next_after=runs[-1].run_id if full else None)
+
+    async def status_counts(self, tenant: str | None = None) -> dict[RunStatus, int]:
+        """One `count_documents` per status (no awaited `aggregate`: mongomock lacks it)."""
+        counts: dict[RunStatus, int] = {}
+        for status in RunStatus:
+            flt: Doc = {"status": status.value}
+            if tenant is not None:
+                flt["tenant"] = tenant
+            n = await self._io("count runs", self._runs.count_documents, flt)
+            if n:
+                counts[status] = int(n)
+        return counts
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Projections first: if this stops half-way the run is still there for `gc` to find."""
+        self._recent.forget(run_id)
+        await self._io("delete events", self._events.delete_many, {"run_id": run_id})
+        await self._io("delete interactions", self._interactions.delete_many, {"run_id": run_id})
+        result = await self._io("delete run", self._runs.delete_one, {"_id": run_id})
+        return result.deleted_count > 0

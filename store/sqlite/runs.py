@@ -1,0 +1,142 @@
+"""`SqliteRunStore`: the embedded default `RunStore` (SPEC §9, ADR-0003). This module holds the
+run documents and their compare-and-set; events, records (interactions, staged uploads, locks),
+the connection and the schema are its sibling modules.
+
+One file in WAL mode, shared by several processes (`runfleet up` runs N runner processes on it).
+A compare-and-set is `SELECT; UPDATE` inside a `BEGIN IMMEDIATE` transaction with no await in
+between, so it is atomic against other tasks *and* other processes (IMMEDIATE takes the write
+lock first).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from store.cas import CasConflict, Condition, Update, apply_update, check_update, matches
+from store.codec import decode, encode
+from store.errors import RunAlreadyExists, RunNotFound
+from store.models import RunDocument, RunStatus
+from store.protocols import EventDraft, RunPage, RunQuery
+from store.sqlite.events import SqliteEvents, append
+from store.sqlite.records import SqliteRecords
+from store.sqlite.schema import changed_columns, column_value, dumps, loads, run_columns
+from store.timeutil import to_ms, utcnow
+
+
+def _run(text: str, run_id: str) -> RunDocument:
+    return decode(RunDocument, loads(text, "run", run_id), what="run", ident=run_id)
+
+
+class SqliteRunStore(SqliteEvents, SqliteRecords):
+    """The `RunStore` protocol on one SQLite file."""
+
+    async def create_run(
+        self, doc: RunDocument, *, first_event: EventDraft | None = None
+    ) -> RunDocument:
+        stored = encode(doc)
+        at = utcnow()
+
+        def insert(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute(
+                    "INSERT INTO runs (run_id, tenant, status, origin, failure_code,"
+                    " lease_expires_ms, created_ms, updated_ms, doc)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (doc.run_id, *run_columns(stored)),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise RunAlreadyExists(f"run {doc.run_id!r} already exists") from exc
+            if first_event is not None:
+                append(conn, doc.run_id, first_event, at)
+
+        await self._write(insert)
+        return doc
+
+    async def get_run(self, run_id: str) -> RunDocument:
+        row = await self._read(
+            lambda c: c.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        )
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return _run(row[0], run_id)
+
+    async def update_run(
+        self, run_id: str, conditions: Sequence[Condition], update: Update
+    ) -> RunDocument | CasConflict:
+        check_update(conditions, update)
+        columns = changed_columns(update)
+        sql = (
+            "UPDATE runs SET " + "".join(f"{c} = ?, " for c in columns) + "doc = ? WHERE run_id = ?"
+        )
+
+        def cas(conn: sqlite3.Connection) -> RunDocument | CasConflict:
+            row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r}")
+            current = loads(row[0], "run", run_id)
+            if not matches(current, conditions):
+                return CasConflict(decode(RunDocument, current, what="run", ident=run_id))
+            new = apply_update(current, update, to_ms(utcnow()))
+            # Validated before writing (a write that would store an invalid run is refused),
+            # and that model is the answer: the document is not parsed twice.
+            doc = decode(RunDocument, new, what="run update", ident=run_id)
+            conn.execute(sql, (*(column_value(new, c) for c in columns), dumps(new), run_id))
+            return doc
+
+        return await self._write(cas)
+
+    async def list_runs(self, query: RunQuery) -> RunPage:
+        where: list[str] = []
+        args: list[Any] = []
+        if query.statuses:
+            where.append(f"status IN ({','.join('?' * len(query.statuses))})")
+            args.extend(str(s) for s in query.statuses)
+        if query.tenant is not None:
+            where.append("tenant = ?")
+            args.append(query.tenant)
+        if query.origin is not None:
+            where.append("origin = ?")
+            args.append(str(query.origin))
+        if query.failure_codes:
+            where.append(f"failure_code IN ({','.join('?' * len(query.failure_codes))})")
+            args.extend(query.failure_codes)
+        if query.lease_expires_before is not None:
+            where.append("lease_expires_ms IS NOT NULL AND lease_expires_ms < ?")
+            args.append(to_ms(query.lease_expires_before))
+        if query.created_since is not None:
+            where.append("created_ms >= ?")
+            args.append(to_ms(query.created_since))
+        if query.updated_before is not None:
+            where.append("updated_ms < ?")
+            args.append(to_ms(query.updated_before))
+        if query.after_run_id is not None:
+            where.append("run_id > ?")
+            args.append(query.after_run_id)
+        sql = "SELECT run_id, doc FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY run_id LIMIT ?"
+        args.append(query.limit)
+        rows = await self._read(lambda c: c.execute(sql, args).fetchall())
+        runs = [_run(d, r) for r, d in rows]
+        next_after = runs[-1].run_id if len(runs) == query.limit and runs else None
+        return RunPage(runs=runs, next_after=next_after)
+
+    async def status_counts(self, tenant: str | None = None) -> dict[RunStatus, int]:
+        sql = "SELECT status, COUNT(*) FROM runs"
+        args: tuple[str, ...] = ()
+        if tenant is not None:
+            sql, args = sql + " WHERE tenant = ?", (tenant,)
+        rows = await self._read(lambda c: c.execute(sql + " GROUP BY status", args).fetchall())
+        return {RunStatus(status): int(n) for status, n in rows}
+
+    async def delete_run(self, run_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM interactions WHERE run_id = ?", (run_id,))
+            return cur.rowcount > 0
+
+        return await self._write(delete)

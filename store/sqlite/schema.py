@@ -1,0 +1,136 @@
+"""The SQLite store's file: schema, connection settings, the JSON form of documents, the query
+columns copied beside each run's `doc`, and the translation of sqlite3 errors.
+
+Documents are stored as JSON in storage form (instants as epoch ms); the columns beside `doc` are
+copies of the fields the queries filter on; a write rewrites the ones it can change.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from store.cas import Update
+from store.errors import StoreCorrupt, StoreError, StoreUnavailable
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    status TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    failure_code TEXT,
+    lease_expires_ms INTEGER,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (status, run_id);
+CREATE INDEX IF NOT EXISTS runs_tenant ON runs (tenant, run_id);
+CREATE INDEX IF NOT EXISTS runs_lease ON runs (lease_expires_ms);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS interactions (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS interactions_run ON interactions (run_id);
+CREATE TABLE IF NOT EXISTS staged_uploads (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL
+);
+"""
+
+
+def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    """A connection in WAL mode with the schema in place (blocking: call it off the loop)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.executescript(_SCHEMA)
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+def translate(exc: sqlite3.Error, path: Path) -> StoreError:
+    """Classify by SQLite's result code (never by message text)."""
+    primary = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_CANTOPEN):
+        return StoreUnavailable(f"SQLite store {path}: {exc}")
+    if primary in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return StoreCorrupt(f"SQLite store {path} is corrupt: {exc}")
+    return StoreError(f"SQLite store {path}: {exc}")
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(text: str, what: str, ident: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StoreCorrupt(f"stored {what} {ident!r} is not valid JSON: {exc}") from exc
+
+
+_COLUMN_OF = {"status": "status", "origin": "origin", "failure_code": "failure_code"}
+
+
+def changed_columns(update: Update) -> tuple[str, ...]:
+    """The query columns an update can change (besides `doc`). Setting only those keeps SQLite
+    from rewriting index entries whose value did not move: a lease refresh or a checkpoint
+    touches no index but the lease's."""
+    tops = {path.split(".", 1)[0] for path in [*update.set, *update.unset]}
+    columns = [_COLUMN_OF[top] for top in sorted(tops) if top in _COLUMN_OF]
+    if "lease" in tops:
+        columns.append("lease_expires_ms")
+    if update.bump_version:
+        columns.append("updated_ms")
+    return tuple(columns)
+
+
+_QUERY_COLUMNS = (
+    "tenant",
+    "status",
+    "origin",
+    "failure_code",
+    "lease_expires_ms",
+    "created_ms",
+    "updated_ms",
+)
+"""The copies of document fields beside `doc`, in the `runs` table's column order."""
+
+
+def column_value(doc: dict[str, Any], column: str) -> Any:
+    if column == "lease_expires_ms":
+        return (doc.get("lease") or {}).get("expires_at")
+    if column in ("created_ms", "updated_ms"):
+        return doc[column.replace("_ms", "_at")]
+    return doc.get(column)
+
+
+def run_columns(doc: dict[str, Any]) -> tuple[Any, ...]:
+    """Every query column of a run, then its `doc`: the values of an INSERT into `runs`."""
+    return (*(column_value(doc, c) for c in _QUERY_COLUMNS), dumps(doc))
