@@ -146,7 +146,8 @@ def decode(data: bytes, headers: dict[str, str] | None = None) -> RunMessage:
     attempt_hdr = (headers or {}).get(HDR_ATTEMPT)
     if attempt_hdr is not None and attempt_hdr != str(message.attempt):
         raise MalformedMessage(
-            f"header {HDR_ATTEMPT}={attempt_hdr[:40]} disagrees with body attempt {message.attempt}"
+            f"header {HDR_ATTEMPT}={attempt_hdr[:40]} disagrees with body attempt"
+            f" {str(message.attempt)[:40]}"
         )
     return message
 

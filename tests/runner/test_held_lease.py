@@ -344,8 +344,10 @@ async def test_claim_whose_cas_lands_after_the_drain_broadcast_is_handed_off_at_
     # Another runner finishes it as attempt 2.
     await fleet.start_runner(sweeper=False, backstop=False)
     (gates / f"{run.run_id}.release").touch()
-    done = await fleet.wait_status(run.run_id, "finished", within=20)
-    assert done.attempt == 2
+    done = await fleet.wait_status(run.run_id, "finished", within=30)
+    # Attempt 2, unless the draining runner held its last delivery: then it was claimed and
+    # handed off once more (§5.8) — either way attempt 1 ran nothing.
+    assert done.attempt >= 2
 
 
 async def test_draining_runner_hands_on_the_last_delivery_of_a_queued_run_instead_of_nacking_it(
