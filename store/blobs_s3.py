@@ -3,21 +3,26 @@
 One client is opened on first use and kept until `close()`. Files above `multipart_threshold` are
 uploaded part by part (each part read from the file only when it is sent), and a failed or
 cancelled multipart upload is aborted; a bucket lifecycle rule catches the ones an abort could not
-reach (`deploy/`). Reads stream to a temp file beside the destination, renamed into place when
-complete, so memory holds one chunk (or one part) at a time.
+reach (`deploy/`). Not aioboto3's `upload_fileobj`: in aioboto3 15.5 a part that fails while its
+reader waits on the full part queue hangs the upload for good, and a cancelled one is left open
+with its part tasks waiting (`tests/store/test_blobs_s3_transfer.py` pins the failure case).
+Objects above the threshold are read with boto3's managed transfer as aioboto3 exposes it
+(`download_fileobj` with a `TransferConfig`): ranged parts, `max_concurrency` at a time, pinned
+to the ETag read first (`IfMatch`) so the parts never mix two versions, written in a worker
+thread to a temp file beside the destination, renamed into place when complete.
 
 botocore and aiohttp errors are translated here, and only here, into `store.errors`:
-not found → `BlobNotFound`; unreachable endpoint, timeouts and 5xx/throttling → `StoreUnavailable`
-(transient) naming the endpoint; anything else → `StoreError` carrying the S3 error code.
+not found → `BlobNotFound`; unreachable endpoint, timeouts, 5xx/throttling, and an object
+replaced while it was read → `StoreUnavailable` (transient) naming the endpoint; anything else →
+`StoreError` carrying the S3 error code (aioboto3 wraps a failed part's `ClientError` in a bare
+`Exception`: it is unwrapped first).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -26,6 +31,7 @@ from typing import Any, BinaryIO
 import aioboto3
 import aiohttp
 from aiobotocore.config import AioConfig  # type: ignore[import-untyped]
+from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
 from botocore.exceptions import (  # type: ignore[import-untyped]
     BotoCoreError,
     ClientError,
@@ -36,6 +42,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from store.blobkeys import validate_key, validate_prefix
+from store.blobs_s3_files import ThreadedWriter, local_errors, temp_beside, write_chunk
 from store.errors import BlobNotFound, StoreError, StoreUnavailable
 from store.protocols import BlobInfo
 from store.timeutil import truncate_ms, utcnow
@@ -45,8 +52,8 @@ MIN_PART_SIZE = 5 * MiB
 """S3 refuses smaller parts (except the last)."""
 MAX_PARTS = 10_000
 _READ_CHUNK = 1 * MiB
-_TEMP_PREFIX = ".rf-tmp-"
 _NOT_FOUND = frozenset({"NoSuchKey", "NotFound", "404"})
+_CHANGED = frozenset({"PreconditionFailed", "412"})
 _TRANSIENT = frozenset(
     {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling"}
 )
@@ -65,6 +72,7 @@ class S3BlobStore:
         session: aioboto3.Session | None = None,
         multipart_threshold: int = 8 * MiB,
         part_size: int = 8 * MiB,
+        max_concurrency: int = 4,
         max_attempts: int = 3,
         list_page_size: int = 1000,
     ) -> None:
@@ -74,6 +82,8 @@ class S3BlobStore:
             raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes (S3's minimum)")
         if multipart_threshold < 0:
             raise ValueError("multipart_threshold must not be negative")
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
         stripped = prefix.strip("/")
         if stripped:
             validate_key(stripped)
@@ -83,6 +93,7 @@ class S3BlobStore:
         self.region = region
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
+        self.max_concurrency = max_concurrency
         self.list_page_size = list_page_size
         self._session = session if session is not None else aioboto3.Session()
         self._config = AioConfig(
@@ -116,12 +127,12 @@ class S3BlobStore:
         name = self.object_key(key)
         path = Path(path)
         s3 = await self._s3()
-        with _local_errors(f"cannot read {path}"):
+        with local_errors(f"cannot read {path}"):
             size = (await asyncio.to_thread(path.stat)).st_size
         if size > self.multipart_threshold:
             return await self._put_multipart(s3, key, name, path, size)
         # At most `multipart_threshold` bytes: the same bound as one part.
-        with _local_errors(f"cannot read {path}"):
+        with local_errors(f"cannot read {path}"):
             data = await asyncio.to_thread(path.read_bytes)
         return await self._put_object(s3, key, name, data)
 
@@ -133,21 +144,22 @@ class S3BlobStore:
         name = self.object_key(key)
         dest = Path(path)
         s3 = await self._s3()
-        with self._translate("reading", key):
-            resp = await s3.get_object(Bucket=self.bucket, Key=name)
-            info = BlobInfo(key=key, size=resp["ContentLength"], modified=_aware(resp))
-            body = resp["Body"]
-            async with body:
-                out, tmp = await asyncio.to_thread(_open_temp_beside, dest)
-                try:
-                    # body.read (not the raw stream) so botocore checks the content length.
-                    while chunk := await body.read(_READ_CHUNK):
-                        await asyncio.to_thread(_write, out, chunk, dest)
-                    await asyncio.to_thread(_commit_temp, out, tmp, dest)
-                except BaseException:
-                    await asyncio.to_thread(_discard_temp, out, tmp)
-                    raise
-        return info
+        with self._translate("inspecting", key):
+            head = await s3.head_object(Bucket=self.bucket, Key=name)
+        if head["ContentLength"] <= self.multipart_threshold:
+            return await self._get_streamed(s3, key, name, dest)
+        async with temp_beside(dest) as out:
+            with self._translate("reading", key):
+                await _unwrapped(
+                    s3.download_fileobj(
+                        self.bucket,
+                        name,
+                        ThreadedWriter(out, dest),
+                        ExtraArgs={"IfMatch": head["ETag"]},
+                        Config=self._transfer_config(),
+                    )
+                )
+        return BlobInfo(key=key, size=head["ContentLength"], modified=_aware(head))
 
     async def get_bytes(self, key: str) -> bytes:
         name = self.object_key(key)
@@ -232,19 +244,27 @@ class S3BlobStore:
             resp = await s3.put_object(Bucket=self.bucket, Key=name, Body=data)
         return BlobInfo(key=key, size=len(data), modified=_server_time(resp))
 
+    def _transfer_config(self) -> TransferConfig:
+        # Each ranged part is held whole until written: memory holds max_concurrency parts.
+        return TransferConfig(
+            multipart_threshold=max(1, self.multipart_threshold),
+            multipart_chunksize=self.part_size,
+            max_concurrency=self.max_concurrency,
+        )
+
     async def _put_multipart(self, s3: Any, key: str, name: str, path: Path, size: int) -> BlobInfo:
         part_size = max(self.part_size, -(-size // MAX_PARTS))
         with self._translate("starting a multipart upload", key):
             created = await s3.create_multipart_upload(Bucket=self.bucket, Key=name)
         upload_id = created["UploadId"]
         try:
-            with _local_errors(f"cannot read {path}"):
+            with local_errors(f"cannot read {path}"):
                 src: BinaryIO = await asyncio.to_thread(path.open, "rb")
             try:
                 parts: list[dict[str, Any]] = []
                 total = 0
                 while True:
-                    with _local_errors(f"cannot read {path}"):
+                    with local_errors(f"cannot read {path}"):
                         chunk = await asyncio.to_thread(src.read, part_size)
                     if not chunk:
                         break
@@ -278,6 +298,17 @@ class S3BlobStore:
         with contextlib.suppress(StoreError), self._translate("aborting an upload", key):
             await s3.abort_multipart_upload(Bucket=self.bucket, Key=name, UploadId=upload_id)
 
+    async def _get_streamed(self, s3: Any, key: str, name: str, dest: Path) -> BlobInfo:
+        """One GET, streamed: below the threshold a ranged transfer buys nothing."""
+        with self._translate("reading", key):
+            resp = await s3.get_object(Bucket=self.bucket, Key=name)
+            body = resp["Body"]  # entered as itself: its __aenter__ yields the raw response
+            async with body, temp_beside(dest) as out:
+                # body.read (not the raw stream) so botocore checks the content length.
+                while chunk := await body.read(_READ_CHUNK):
+                    await asyncio.to_thread(write_chunk, out, chunk, dest)
+        return BlobInfo(key=key, size=resp["ContentLength"], modified=_aware(resp))
+
     @contextlib.contextmanager
     def _translate(self, action: str, key: str | None) -> Iterator[None]:
         what = f"{action} {key!r}" if key is not None else action
@@ -310,6 +341,8 @@ class S3BlobStore:
             )
         if code in _NOT_FOUND or (status == 404 and key is not None):
             return BlobNotFound(f"no blob under key {key!r} in {where}")
+        if code in _CHANGED or status == 412:
+            return StoreUnavailable(f"the object changed while {what} in {where}; read it again")
         if code in _TRANSIENT or (isinstance(status, int) and status >= 500):
             return StoreUnavailable(
                 f"S3 at {self.endpoint} failed while {what} in {where}: {code}: {message}"
@@ -317,12 +350,15 @@ class S3BlobStore:
         return StoreError(f"S3 refused {what} in {where}: {code or status}: {message}")
 
 
-@contextlib.contextmanager
-def _local_errors(what: str) -> Iterator[None]:
+async def _unwrapped(download: Awaitable[None]) -> None:
+    """Await an aioboto3 download, re-raising the S3 answer it wraps in a bare `Exception`."""
     try:
-        yield
-    except OSError as exc:
-        raise StoreError(f"{what}: {exc}") from exc
+        await download
+    except Exception as exc:
+        cause = exc.__cause__
+        if type(exc) is Exception and isinstance(cause, ClientError):
+            raise cause from None
+        raise
 
 
 def _utc(value: datetime) -> datetime:
@@ -341,35 +377,3 @@ def _server_time(resp: dict[str, Any]) -> datetime:
         with contextlib.suppress(TypeError, ValueError):
             return _utc(parsedate_to_datetime(header))
     return utcnow()
-
-
-def _open_temp_beside(dest: Path) -> tuple[BinaryIO, str]:
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=_TEMP_PREFIX)
-    except OSError as exc:
-        raise StoreError(f"cannot write {dest}: {exc}") from exc
-    return os.fdopen(fd, "wb"), tmp
-
-
-def _write(out: BinaryIO, chunk: bytes, dest: Path) -> None:
-    try:
-        out.write(chunk)
-    except OSError as exc:
-        raise StoreError(f"cannot write {dest}: {exc}") from exc
-
-
-def _commit_temp(out: BinaryIO, tmp: str, dest: Path) -> None:
-    try:
-        out.flush()
-        os.fsync(out.fileno())
-        out.close()
-        os.replace(tmp, dest)
-    except OSError as exc:
-        raise StoreError(f"cannot write {dest}: {exc}") from exc
-
-
-def _discard_temp(out: BinaryIO, tmp: str) -> None:
-    out.close()
-    with contextlib.suppress(OSError):
-        os.unlink(tmp)

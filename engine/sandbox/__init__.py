@@ -1,5 +1,7 @@
-"""The sandbox seam (SPEC §7): the `SandboxDriver` / `Sandbox` protocols, their errors, and the
-`local` driver. The `kubernetes` driver lives beside it and implements the same protocols."""
+"""The sandbox seam (SPEC §7): the `SandboxDriver` / `Sandbox` protocols (`protocols.py`), their
+errors (`errors.py`), the registry that turns a driver name into a driver (`registry.py`), and
+one sub-package per driver: `local/` today; `kubernetes/` implements the same protocols and
+plugs into the registry."""
 
 from engine.sandbox.errors import (
     SandboxArchiveInvalid,
@@ -11,6 +13,7 @@ from engine.sandbox.errors import (
     SandboxRecordCorrupt,
     SandboxSetupTimeout,
     SandboxStartFailed,
+    UnknownSandboxDriver,
 )
 from engine.sandbox.local import LocalSandbox, LocalSandboxDriver
 from engine.sandbox.protocols import (
@@ -24,10 +27,13 @@ from engine.sandbox.protocols import (
     SandboxRef,
     SandboxSpec,
 )
+from engine.sandbox.registry import DriverContext, DriverFactory, driver_names, open_driver
 
 __all__ = [
     "OUTPUT_CHUNK_BYTES",
     "OUTPUT_TAIL_BYTES",
+    "DriverContext",
+    "DriverFactory",
     "ExecResult",
     "LocalSandbox",
     "LocalSandboxDriver",
@@ -46,4 +52,7 @@ __all__ = [
     "SandboxSetupTimeout",
     "SandboxSpec",
     "SandboxStartFailed",
+    "UnknownSandboxDriver",
+    "driver_names",
+    "open_driver",
 ]

@@ -6,6 +6,7 @@ Errors without a `failure_code` are classified by the caller, who knows what the
 (a bank that does not extract parks the run, a restore that fails on the way is transient, §7.4).
 
     RunfleetError
+    ├── UnknownSandboxDriver            a driver name the registry does not know (configuration)
     └── SandboxError                    a sandbox could not do what was asked
         ├── SandboxStartFailed          invalid spec, or the sandbox never came up
         ├── SandboxSetupTimeout         a setup phase ran and stalled past its budget
@@ -19,7 +20,7 @@ Errors without a `failure_code` are classified by the caller, who knows what the
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from engine.failures import FailureCode
 from store.errors import RunfleetError
@@ -34,55 +35,74 @@ __all__ = [
     "SandboxRecordCorrupt",
     "SandboxSetupTimeout",
     "SandboxStartFailed",
+    "UnknownSandboxDriver",
 ]
 
 
-class SandboxError(RunfleetError):
-    code = "sandbox_error"
+class UnknownSandboxDriver(RunfleetError, code="unknown_sandbox_driver"):
+    """A configuration error, raised before any sandbox exists: deliberately not a
+    `SandboxError`, which an execution turns into a node failure."""
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        names = ", ".join(known)
+        super().__init__(
+            f"no sandbox driver {name!r} (known: {names})",
+            remedy=f"set RUNFLEET_SANDBOX (or the workflow's sandbox.driver) to one of: {names}",
+        )
+        self.name = name
+        self.known = known
+
+
+class SandboxError(RunfleetError, code="sandbox_error"):
+    """A sandbox could not do what was asked.
+
+    A subclass that maps to one run failure code names it in its header,
+    `class SandboxLost(SandboxError, failure_code=FailureCode.SANDBOX_LOST)`, and its `code` is
+    that name in snake_case: one statement, so the two can never disagree.
+    """
+
     failure_code: ClassVar[FailureCode | None] = None
     """The run failure code (SPEC §6.6) this error maps to, when it maps to exactly one."""
 
+    def __init_subclass__(
+        cls, *, failure_code: FailureCode | None = None, code: str | None = None, **kwargs: Any
+    ) -> None:
+        if failure_code is not None:
+            cls.failure_code = failure_code
+            code = code or failure_code.value.lower()
+        super().__init_subclass__(code=code, **kwargs)
 
-class SandboxStartFailed(SandboxError):
+
+class SandboxStartFailed(SandboxError, failure_code=FailureCode.SANDBOX_START_FAILED):
     """Deterministic: retrying the same spec will fail the same way."""
 
-    code = "sandbox_start_failed"
-    failure_code = FailureCode.SANDBOX_START_FAILED
+
+class SandboxSetupTimeout(SandboxError, failure_code=FailureCode.SANDBOX_SETUP_TIMEOUT):
+    """A setup phase ran and stalled past its budget."""
 
 
-class SandboxSetupTimeout(SandboxError):
-    code = "sandbox_setup_timeout"
-    failure_code = FailureCode.SANDBOX_SETUP_TIMEOUT
+class SandboxCapacity(SandboxError, failure_code=FailureCode.SANDBOX_CAPACITY):
+    """No room to start the sandbox before the deadline."""
 
 
-class SandboxCapacity(SandboxError):
-    code = "sandbox_capacity"
-    failure_code = FailureCode.SANDBOX_CAPACITY
+class SandboxImageInvalid(SandboxError, failure_code=FailureCode.SANDBOX_IMAGE_INVALID):
+    """The image cannot be pulled or run."""
 
 
-class SandboxImageInvalid(SandboxError):
-    code = "sandbox_image_invalid"
-    failure_code = FailureCode.SANDBOX_IMAGE_INVALID
-
-
-class SandboxLost(SandboxError):
+class SandboxLost(SandboxError, failure_code=FailureCode.SANDBOX_LOST):
     """The sandbox was stopped (by this execution, or by another execution's claim) or died
     while this execution still needed it."""
 
-    code = "sandbox_lost"
-    failure_code = FailureCode.SANDBOX_LOST
 
-
-class SandboxRecordCorrupt(SandboxError):
+class SandboxRecordCorrupt(SandboxError, code="sandbox_record_corrupt"):
     """A local driver record that does not parse; it is reported, never guessed at."""
 
-    code = "sandbox_record_corrupt"
     remedy = "stop the processes by hand, then delete the record under RUNFLEET_DATA/sandboxes/"
 
 
-class SandboxCopyFailed(SandboxError):
-    code = "sandbox_copy_failed"
+class SandboxCopyFailed(SandboxError, code="sandbox_copy_failed"):
+    """A tar stream into or out of the sandbox failed on the way."""
 
 
-class SandboxArchiveInvalid(SandboxCopyFailed):
-    code = "sandbox_archive_invalid"
+class SandboxArchiveInvalid(SandboxCopyFailed, code="sandbox_archive_invalid"):
+    """The archive itself does not extract."""

@@ -8,18 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineSettings
-from engine.sandbox.local import LocalSandboxDriver
 from engine.sandbox.protocols import SandboxDriver
+from engine.sandbox.registry import DriverContext, open_driver
 from publisher import DlqStore, Publisher, WireNames, WireSettings, connect
-from store import BlobStore, RunfleetError, RunStore
+from store import BlobStore, RunStore
 from store.blob_url import open_blob_store
 from store.config import StoreSettings
 from store.url import open_store
-
-
-class UnknownSandboxDriver(RunfleetError):
-    code = "unknown_sandbox_driver"
-    remedy = "set RUNFLEET_SANDBOX=local (the only driver in this build)"
 
 
 @dataclass
@@ -52,9 +47,8 @@ class Env:
             await nc.close()
 
     def driver(self) -> SandboxDriver:
-        if self.engine.sandbox != "local":
-            raise UnknownSandboxDriver(f"no sandbox driver {self.engine.sandbox!r}")
-        return LocalSandboxDriver(self.data_dir)
+        """`RUNFLEET_SANDBOX`'s driver; `UnknownSandboxDriver` (naming the known) otherwise."""
+        return open_driver(self.engine.sandbox, DriverContext(data_dir=self.data_dir))
 
 
 @contextlib.asynccontextmanager

@@ -326,6 +326,20 @@ def test_recorded_start_time_protects_a_recycled_pid() -> None:
         proc.wait()
 
 
+def test_start_time_is_in_clock_ticks_after_boot_as_records_hold_it() -> None:
+    """The recorded unit is field 22 of `/proc/<pid>/stat`, not a wall-clock time: a stepped
+    clock must not make a live group look recycled, and older records must still compare."""
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_bytes()
+        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        assert process_start_time(proc.pid) == ticks
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_start_time(proc.pid) is None
+
+
 def test_group_outliving_its_leader_is_matched_by_its_members() -> None:
     leader = subprocess.Popen(
         ["/bin/sh", "-c", "sleep 300 & echo $!; read _"],
