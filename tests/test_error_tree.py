@@ -14,6 +14,8 @@ import re
 import pytest
 
 import store.errors
+from engine.failures import FailureCode
+from engine.sandbox.errors import SandboxError, SandboxLost
 from store.errors import RunfleetError
 
 PACKAGES = ("store", "engine", "publisher", "runner")
@@ -84,3 +86,15 @@ def test_a_code_is_snake_case() -> None:
 
         class Shouty(RunfleetError, code="Shouty-Code"):
             pass
+
+
+def test_a_sandbox_error_named_by_its_failure_code_takes_that_name_as_its_code() -> None:
+    class SandboxRateLimited(SandboxError, failure_code=FailureCode.RATE_LIMITED):
+        """A driver that maps to one failure code needs no `code` of its own."""
+
+    assert SandboxRateLimited.code == "rate_limited"
+    assert SandboxRateLimited.failure_code is FailureCode.RATE_LIMITED
+    assert (SandboxLost.code, SandboxLost.failure_code) == (
+        "sandbox_lost",
+        FailureCode.SANDBOX_LOST,
+    )
