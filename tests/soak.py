@@ -2,6 +2,8 @@
 
     python -m tests.soak --runs 300 --runners 3 --kill-every 5 --seed 7 [--data DIR] [--keep]
 
+(`--help` lists the options; every fault is on by default.)
+
 It starts its own `nats-server` (`runner.localnats.NatsServer`) in a temporary directory, a SQLite
 store, filesystem blobs and the streams, with short leases (TTL 3 s) and a fast sweeper (1 s
 interval, 3 s grace), then N `runfleet runner` processes. It launches K runs of one workflow:
@@ -24,8 +26,15 @@ resume`), and breaks things:
 - store fault: a separate sqlite3 connection holds `BEGIN EXCLUSIVE` longer than the busy
   timeout, so every write of every process gets SQLITE_BUSY (`StoreUnavailable`); reads go on
   (WAL). Saved by the transient nak, lease loss and fencing (§5.1, §5.4, §5.6).
+- post-engine store fault: the same lock, taken at the instant a run's last node is done and
+  its `finished` status write goes (timed by the one seam in the runner processes,
+  `tests/soak_seam.py`), held past two busy timeouts, so the store refuses that status write.
+  Saved by the nak with no DLQ record, teardown and release still attempted, and the adoption
+  that finds the last checkpoint written (§5.1, §5.6 v2.2; ADR-0010).
 - poison: garbage on the work subject (bytes, wrong JSON, lost runs, another tenant's message
-  for a real run). Saved by admission's DLQ path (§5.2 steps 1-2).
+  for a real run) and hostile bodies (`tests/soak_hostile.py`: 5 000-digit integers, 200 000
+  nested arrays, a 1 MB string, wrong types at each field, a lying 5 000-digit attempt header).
+  Saved by admission's DLQ path (§5.2 steps 1-2): each one a `malformed` record.
 
 Acting as the operator, it also replays from the DLQ a run parked `DLQ_PARKED` because chaos
 spent its whole delivery budget (10 deliveries, each to an execution that got interrupted).
@@ -39,8 +48,11 @@ around it — and never from an execution that had recorded `node_finished` for 
 every execution of a run that spent its delivery budget was interrupted the same way; no run
 stayed `queued`/`running`/auto-resumable with no lease and no message longer than the
 sweeper's interval plus grace (+ slack, SPEC §13.5); no live lease is left at the end; the DLQ
-holds exactly the deliberate poison, each with its reason; no runner died on its own; every
-drain exited 0 within the unwind ceiling and handed off the runs it held mid-node.
+holds exactly the deliberate poison, each with its reason; no record ever stood for a real run
+unless the soak dead-lettered it (a spent delivery budget's park, replayed, or such a park's
+record withdrawn excepted), none names a store error, and no run stood `queued`/`running`
+behind one; no runner died on its own; every drain exited 0 within the unwind ceiling and
+handed off the runs it held mid-node.
 """
 
 from __future__ import annotations
@@ -78,11 +90,14 @@ from engine.loader import load_workflow
 from engine.local import new_run_id
 from engine.resume import ResumeRequest
 from publisher import DlqStore, Publisher, WireNames, WireSettings, ensure_streams
+from publisher.dlq import DlqRecord
 from publisher.wire import RunMessage, encode
 from runner.localnats import NatsServer
 from store import RunDocument, RunfleetError, RunQuery, RunStatus, StoreError, utcnow
 from store.blobs_fs import FilesystemBlobStore
 from store.sqlite import SqliteRunStore
+from tests.soak_hostile import hostile_bodies
+from tests.soak_seam import SEAM_ENV, PostEngineSeam
 
 TENANT = "default"
 NODES = ("prepare", "flaky", "approve", "work", "finish")
@@ -98,6 +113,9 @@ _FRAME = re.compile(
 )
 
 _NEXT_LOG_LINE = re.compile(r"\n(?=\d{4}-\d\d-\d\d |error \[)")
+_STATUS_REFUSED = re.compile(r"run (?P<run>\S+): status not written \((?P<error>\w+)")
+_STORE_ERROR = re.compile(r"Store\w*Error|StoreUnavailable|store_un\w+|database is locked")
+REPO = Path(__file__).resolve().parents[1]
 
 KNOWN_FINDINGS = {
     "F1": re.compile(r"task loop:backstop failed: ServerError\(\).* in _delete"),
@@ -144,6 +162,12 @@ UNWIND_CEILING_S = 22.0
 SWEEPER_INTERVAL_S = 1.0
 SWEEPER_GRACE_S = 3.0
 SQLITE_BUSY_TIMEOUT_S = 10.0
+POST_ENGINE_FAULT_S = 2 * SQLITE_BUSY_TIMEOUT_S + 2.0
+"""Past two busy timeouts: a runner's store thread takes its writes in batches, and the caught
+status write may be queued behind a batch that began just before it (a lease refresh); that
+batch fails at one busy timeout, the status write's batch at two."""
+POST_ENGINE_CATCH_S = 60.0
+"""How long an armed post-engine fault waits for a `finished` status write to catch."""
 
 # `$RUNFLEET_WORKSPACE` is `<data>/work/<run_id>/<lease token>`: the line names the run and the
 # execution without any help from the workflow's vars.
@@ -230,7 +254,12 @@ class SoakConfig:
     """How long nats-server stays down (a pod rescheduled takes longer than a restart)."""
     store_faults: int = 1
     store_fault_s: float = 12.0
+    post_engine_store_faults: int = 1
+    post_engine_store_fault_s: float = POST_ENGINE_FAULT_S
+    """A store outage opened on a caught `finished` status write (`tests/soak_seam.py`)."""
     poison_per_batch: int = 4
+    hostile_poison: bool = True
+    """Send `tests/soak_hostile.py`'s bodies with every poison batch."""
     cli_resume_every: int = 10
     deadline_s: float | None = None
     """Whole-soak deadline; default 600 s + 3 s per run."""
@@ -313,6 +342,11 @@ class Report:
     crashes: int = 0
     nats_restarts: int = 0
     store_fault_windows: int = 0
+    post_engine_windows: int = 0
+    post_engine_refused: int = 0
+    """Caught `finished` status writes the store refused (`status not written`, then a nak)."""
+    status_refused: int = 0
+    """Every status write the store refused, caught or not."""
     drains: int = 0
     handoffs: int = 0
     drain_held: list[tuple[bool, int]] = field(default_factory=list)
@@ -335,6 +369,11 @@ class Report:
     stuck: int = 0
     dlq_records: int = 0
     poison: int = 0
+    hostile: int = 0
+    dlq_chaos: int = 0
+    """Records of runs parked by a spent delivery budget (and replayed), seen while they stood."""
+    dlq_withdrawn: int = 0
+    """Records seen, then gone without a replay: a last delivery's park that did not land."""
     wall_s: float = 0.0
     data_dir: str = ""
     violations: list[str] = field(default_factory=list)
@@ -354,6 +393,11 @@ class Report:
             ("runner crashes (unexpected exits)", str(self.crashes)),
             ("nats restarts", str(self.nats_restarts)),
             ("store-fault windows", str(self.store_fault_windows)),
+            (
+                "post-engine store faults (status writes refused)",
+                f"{self.post_engine_windows} ({self.post_engine_refused})",
+            ),
+            ("status writes refused by the store (all)", str(self.status_refused)),
             ("drains (SIGTERM)", str(self.drains)),
             ("handoffs published", str(self.handoffs)),
             ("orphans repaired (max age)", f"{self.orphans_repaired} ({self.max_orphan_s:.1f}s)"),
@@ -369,7 +413,14 @@ class Report:
             ("lost", str(self.lost)),
             ("duplicated", str(self.duplicated)),
             ("stuck", str(self.stuck)),
-            ("DLQ records (deliberate poison)", f"{self.dlq_records} ({self.poison})"),
+            (
+                "DLQ records (deliberate poison, of it hostile)",
+                f"{self.dlq_records} ({self.poison}, {self.hostile})",
+            ),
+            (
+                "chaos DLQ records seen: replayed / withdrawn",
+                f"{self.dlq_chaos} / {self.dlq_withdrawn}",
+            ),
             ("wall time", f"{self.wall_s:.1f}s"),
             ("violations", str(len(self.violations))),
         ]
@@ -418,6 +469,12 @@ class Soak:
         self.windows: list[Window] = []
         self.drain_log: list[Drain] = []
         self.poison: dict[int, str] = {}
+        self.seam = PostEngineSeam(self.root / "seam")
+        self.caught: list[str] = []
+        """Run ids whose `finished` status write a post-engine store fault caught."""
+        self.dlq_seen: dict[int, tuple[float, DlqRecord]] = {}
+        """Every DLQ record the soak saw standing: id -> (first seen, record)."""
+        self.dlq_behind: set[int] = set()
         self.orphans: dict[str, float] = {}
         self.events: dict[str, list[Any]] = {}
         self.tasks: list[asyncio.Task[None]] = []
@@ -443,6 +500,7 @@ class Soak:
             "RUNFLEET_HTTP_HOST": "127.0.0.1",
             "RUNFLEET_HTTP_PORT": "0",
             "PYTHONUNBUFFERED": "1",
+            SEAM_ENV: str(self.seam.directory),
             **{f"RUNFLEET_{k}": v for k, v in TIMING.items()},
         }
         if not self.cfg.sweeper:
@@ -522,8 +580,10 @@ class Soak:
         log_path = self.logs / f"runner-{index}-{len(self.history)}.log"
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "runner", "runner", "--slots", str(self.cfg.slots)],
+                # `runfleet runner` with the post-engine seam (`tests/soak_seam.py`).
+                [sys.executable, "-m", "tests.soak_seam", "runner", "--slots", str(self.cfg.slots)],
                 env=self.env(),
+                cwd=REPO,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -577,6 +637,7 @@ class Soak:
             self.chaos,
             self.supervisor,
             self.monitor,
+            self.dlq_watch,
             self.progress,
         ]
         self.tasks = [asyncio.create_task(loop(), name=loop.__name__) for loop in loops]
@@ -804,7 +865,11 @@ class Soak:
         bound = 3 * SWEEPER_INTERVAL_S + SWEEPER_GRACE_S + ACK_WAIT_S + 10.0
         while not self.stop.is_set():
             await asyncio.sleep(1.0)
-            if self.nats_down or self.in_window("store", slack=0):
+            if (
+                self.nats_down
+                or self.in_window("store", slack=0)
+                or self.in_window("post_engine", slack=0)
+            ):
                 continue
             try:
                 runs = await _list(
@@ -848,6 +913,49 @@ class Soak:
                         self.report.orphans_repaired += 1
                         self.report.max_orphan_s = max(self.report.max_orphan_s, age)
 
+    async def dlq_watch(self) -> None:
+        """Every DLQ record that ever stands, for the verdict (`judge_dlq_history`); and no run
+        stands behind one — `queued`, `running` or auto-resumable at the record's attempt —
+        longer than a park's write can take in a store outage (SPEC v2.2 §5.1: the record
+        first, then the park; a park that does not land withdraws the record)."""
+        assert self.dlq is not None and self.reader is not None
+        bound = 2 * SQLITE_BUSY_TIMEOUT_S + 10.0
+        while not self.stop.is_set():
+            await asyncio.sleep(1.0)
+            if self.nats_down:
+                continue
+            try:
+                records = await self.dlq.list()
+            except Exception:  # noqa: BLE001 - NATS hiccup: look again on the next pass
+                continue
+            now = time.monotonic()
+            for rec in records:
+                first, _ = self.dlq_seen.setdefault(rec.id, (now, rec))
+                if (
+                    rec.id in self.poison
+                    or rec.id in self.dlq_behind
+                    or rec.run_id is None
+                    or now - first <= bound
+                ):
+                    continue
+                try:
+                    run = await self.reader.get_run(rec.run_id)
+                except RunfleetError:
+                    continue
+                parked = run.failure_code == "DLQ_PARKED" or run.status in (
+                    RunStatus.FINISHED,
+                    RunStatus.FAILED,
+                    RunStatus.CANCELLED,
+                    RunStatus.PAUSED_WAITING_HUMAN,
+                )
+                if run.attempt == rec.attempt and not parked:
+                    self.dlq_behind.add(rec.id)
+                    self.report.violations.append(
+                        f"run {rec.run_id} stood {run.status} {run.failure_code or ''} at attempt"
+                        f" {run.attempt} behind DLQ record {rec.id} ({rec.reason}) for"
+                        f" {now - first:.0f}s"
+                    )
+
     def in_window(self, kind: str, slack: float) -> bool:
         now = time.monotonic()
         return any(w.kind == kind and w.start - slack <= now <= w.end + slack for w in self.windows)
@@ -880,6 +988,8 @@ class Soak:
             steps.append((0.3 + 0.4 * i / self.cfg.nats_restarts, "nats"))
         for i in range(self.cfg.store_faults):
             steps.append((0.55 + 0.25 * i / self.cfg.store_faults, "store"))
+        for i in range(self.cfg.post_engine_store_faults):
+            steps.append((0.4 + 0.3 * i / self.cfg.post_engine_store_faults, "post_engine"))
         return sorted(steps)
 
     async def chaos(self) -> None:
@@ -897,6 +1007,8 @@ class Soak:
                     await self.nats_outage()
                 elif kind == "store":
                     await self.store_fault()
+                elif kind == "post_engine":
+                    await self.post_engine_store_fault()
         finally:
             self.chaos_done.set()
 
@@ -1005,23 +1117,61 @@ class Soak:
         window = Window("store", time.monotonic())
         self.windows.append(window)
         seconds = self.cfg.store_fault_s
-
-        def hold() -> None:
-            conn = sqlite3.connect(self.db, timeout=30, isolation_level=None)
-            try:
-                conn.execute("BEGIN EXCLUSIVE")
-                time.sleep(seconds)
-                conn.execute("ROLLBACK")
-            finally:
-                conn.close()
-
         self.say(f"store fault: holding the SQLite write lock for {seconds:.0f}s")
         try:
-            await asyncio.to_thread(hold)
+            await asyncio.to_thread(self.hold_write_lock, seconds)
         finally:
             window.end = time.monotonic()
             self.report.store_fault_windows += 1
             self.say("store fault over")
+
+    def hold_write_lock(self, seconds: float, on_locked: Callable[[], None] | None = None) -> None:
+        conn = sqlite3.connect(self.db, timeout=30, isolation_level=None)
+        try:
+            conn.execute("BEGIN EXCLUSIVE")
+            if on_locked is not None:
+                on_locked()
+            time.sleep(seconds)
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+    async def post_engine_store_fault(self) -> None:
+        """A store outage opened at the instant a run's last node is done and its `finished`
+        status write goes (the seam, `tests/soak_seam.py`), held past two busy timeouts: the
+        store refuses that write (`StoreUnavailable`), which must end as a nak with the transient
+        delay and no DLQ record, with teardown and release still attempted (SPEC v2.2 §5.1,
+        §5.6; ADR-0010); the run stays `running` until its lease lapses, then the redelivery's
+        adoption finds the last checkpoint written and finishes it. Every other writer of the
+        fleet meets the outage too (lease refreshes, checkpoints, claims)."""
+        self.seam.arm()
+        caught = await self.seam.caught(POST_ENGINE_CATCH_S, self.stop)
+        if caught is None and not self.seam.disarm():
+            caught = await self.seam.caught(1.0, self.stop)  # caught as we gave up
+        if caught is None:
+            self.say("post-engine store fault: no `finished` status write to catch; skipped")
+            return
+        holder = next((rp for rp in self.runners if rp.proc.pid == caught.pid), None)
+        if holder is not None:
+            self.protected.add(holder.index)  # neither killed nor drained while it is caught
+        window = Window("post_engine", time.monotonic())
+        self.windows.append(window)
+        self.caught.append(caught.run_id)
+        seconds = self.cfg.post_engine_store_fault_s
+        self.say(
+            f"post-engine store fault: run {caught.run_id} is at its status write; holding the"
+            f" SQLite write lock for {seconds:.0f}s"
+        )
+        try:
+            await asyncio.to_thread(
+                self.hold_write_lock, seconds, functools.partial(self.seam.locked, caught.run_id)
+            )
+        finally:
+            window.end = time.monotonic()
+            self.report.post_engine_windows += 1
+            if holder is not None:
+                self.protected.discard(holder.index)
+            self.say("post-engine store fault over")
 
     async def send_poison(self) -> None:
         """A few deliberately bad messages; each must end in the DLQ with its reason."""
@@ -1054,6 +1204,17 @@ class Soak:
                 self.names.runs_subject, body, stream=self.names.runs_stream, headers=headers
             )
             self.poison[ack.seq] = reason
+        if not self.cfg.hostile_poison:
+            return
+        for hostile in hostile_bodies(victim, old):
+            ack = await self.js.publish(
+                self.names.runs_subject,
+                hostile.body,
+                stream=self.names.runs_stream,
+                headers=hostile.headers,
+            )
+            self.poison[ack.seq] = "malformed"
+            self.report.hostile += 1
 
     # -- the verdict -----------------------------------------------------------------------------
 
@@ -1083,6 +1244,8 @@ class Soak:
         self.judge_drains()
         records = await self.dlq.list()
         rep.dlq_records = len(records)
+        self.judge_status_refusals()
+        self.judge_dlq_history(standing={r.id for r in records})
         got = {r.id: r.reason for r in records}
         if got != self.poison:
             extra = {k: v for k, v in got.items() if k not in self.poison}
@@ -1245,6 +1408,43 @@ class Soak:
                 return "lease_lost"
         return "unexplained"
 
+    def judge_status_refusals(self) -> None:
+        """Count the status writes the store refused (`status not written`), and those the
+        post-engine faults caught."""
+        refused: set[str] = set()
+        for proc in self.history:
+            for found in _STATUS_REFUSED.finditer(proc.log()):
+                self.report.status_refused += 1
+                if found["error"] == "StoreUnavailable":
+                    refused.add(found["run"])
+        self.report.post_engine_refused = sum(1 for run_id in self.caught if run_id in refused)
+
+    def judge_dlq_history(self, standing: set[int]) -> None:
+        """No DLQ record for a real run unless the soak dead-lettered it on purpose (its poison
+        names a real run too) — with one exception chaos earns: a run whose delivery budget was
+        spent, parked and replayed by the soak (`replay`; every execution of that attempt must
+        have been interrupted, `judge_run`), or such a park's record withdrawn because the park
+        did not land (ADR-0010). A store outage never makes a record (SPEC v2.2 §5.1, §5.6)."""
+        rep = self.report
+        real = set(self.launched) | set(self.refused)
+        replayed = {record_id for pairs in self.parked.values() for _, record_id in pairs}
+        for record_id, (_, rec) in sorted(self.dlq_seen.items()):
+            if record_id in self.poison:
+                continue
+            about = (
+                f"DLQ record {record_id} ({rec.reason}: {rec.detail[:200]}) for run {rec.run_id}"
+            )
+            withdrawn = record_id not in standing and record_id not in replayed
+            if withdrawn and rec.reason == "retries_exhausted":
+                rep.dlq_withdrawn += 1  # written first at a last delivery; the park did not land
+            elif _STORE_ERROR.search(rec.detail):
+                rep.violations.append(f"{about}: a store outage made a DLQ record")
+            elif record_id in replayed:
+                rep.dlq_chaos += 1
+            elif rec.run_id in real:
+                rep.violations.append(f"{about}: a real run the soak did not dead-letter")
+            # else: a record for no real run, not poison: the exact-DLQ check names it if it stands
+
     def judge_drains(self) -> None:
         rep = self.report
         for drain in self.drain_log:
@@ -1357,6 +1557,15 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
     p.add_argument("--nats-outage-s", type=float, default=8.0, help="how long NATS stays down")
     p.add_argument("--store-faults", type=int, default=1)
     p.add_argument("--store-fault-s", type=float, default=12.0)
+    p.add_argument("--post-engine-store-faults", type=int, default=1, metavar="N")
+    p.add_argument(
+        "--post-engine-store-fault-s",
+        type=float,
+        default=POST_ENGINE_FAULT_S,
+        metavar="S",
+        help="how long the lock caught on a status write is held",
+    )
+    p.add_argument("--no-hostile-poison", action="store_true", help="poison without them")
     p.add_argument("--deadline", type=float, default=None, metavar="S")
     p.add_argument("--no-sweeper", action="store_true", help="runners without the sweeper")
     p.add_argument("--quiet", action="store_true")
@@ -1377,6 +1586,9 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         nats_outage_s=a.nats_outage_s,
         store_faults=a.store_faults,
         store_fault_s=a.store_fault_s,
+        post_engine_store_faults=a.post_engine_store_faults,
+        post_engine_store_fault_s=a.post_engine_store_fault_s,
+        hostile_poison=not a.no_hostile_poison,
         deadline_s=a.deadline,
         quiet=a.quiet,
         sweeper=not a.no_sweeper,
