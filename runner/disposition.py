@@ -54,6 +54,10 @@ async def dispose_outcome(
         return plan
     if not await _teardown(svc, execution):
         return Plan("none", reason="unwind_ceiling")
+    if execution.writer.lost:
+        # The lease was lost meanwhile (e.g. the keeper gave up during the store outage that
+        # refused the status): fenced, so no release and no disposition (SPEC §5.4).
+        return Plan("none", reason="lease_lost")
     if plan.action == "handoff":
         return await _handoff(svc, delivery, execution, events)
     try:

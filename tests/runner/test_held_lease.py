@@ -496,3 +496,36 @@ async def test_launch_failed_cas_lost_to_a_landed_copy_reports_the_running_run(
     (gates / f"{doc.run_id}.release").touch()
     done = await fleet.wait_status(doc.run_id, "finished", within=20)
     assert done.failure_code is None
+
+
+async def test_lease_lost_while_the_status_write_was_refused_sends_no_disposition(
+    fleet: Fleet,
+) -> None:
+    """The keeper gave up the lease during the outage that refused the status write: the
+    execution is fenced, so it sends no nak (it would act on the adopter's delivery); the
+    redelivery after `ack_wait` adopts the run and finishes it (SPEC §5.4)."""
+    assert isinstance(fleet.store, SqliteRunStore)
+    seam = Seam(fleet.store)
+    runners: list[Runner] = []
+    refused: list[str] = []
+
+    def lose_then_refuse(run_id: str, update: Update) -> Exception | None:
+        if update.set.get("status") == S.FINISHED and not refused:
+            refused.append(run_id)
+            svc = runners[0].svc
+            assert svc is not None
+            from engine.outcome import CancelReason
+
+            svc.executions[run_id].cancel(CancelReason.LEASE_LOST)
+            return StoreUnavailable("down")
+        return None
+
+    seam.on_update = lose_then_refuse
+    runners.append(await start_on(fleet, seam))
+    run = await fleet.launch(workflow("hello").source)
+    done = await fleet.wait_status(run.run_id, "finished", within=20)
+    assert refused == [run.run_id] and done.failure_code is None
+    assert deliveries(runners[0], "nak", "store_unreachable") == 0
+    assert deliveries(runners[0], "none", "lease_lost") == 1
+    claims = await events_of(fleet, run.run_id, "run_claimed")
+    assert [e.data["path"] for e in claims] == ["fresh", "adoption"]
