@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from engine.budget import exceeded
 from engine.cancel import CancelSignal
 from engine.config import EngineSettings
-from engine.errors import ExpressionError, TemplateError
+from engine.errors import ExpressionError
 from engine.events import EventLog
 from engine.expressions import evaluate
 from engine.failures import (
@@ -46,7 +46,6 @@ from engine.nodes import (
     run_tool,
 )
 from engine.outcome import (
-    Cancelled,
     CancelReason,
     Failed,
     Finished,
@@ -56,10 +55,10 @@ from engine.outcome import (
 )
 from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import Sandbox, SandboxDriver, SandboxSpec
-from engine.templates import render
+from engine.stops import RunStops
 from engine.vars import resolve_vars
 from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, ToolNode, Workflow
-from store import BlobStore, Checkpoint, Interaction, RunDocument, RunStore, utcnow
+from store import BlobStore, Checkpoint, RunDocument, RunStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +76,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Execution:
+class Execution(RunStops):
     def __init__(
         self,
         *,
@@ -399,65 +398,6 @@ class Execution:
         key = f"runs/{self.run_id}/outputs/{node_id}/{self.checkpoint.progress}"
         await self.blobs.put_bytes(key, encoded)
         return {"$blob": key, "bytes": len(encoded)}
-
-    # -- stops ---------------------------------------------------------------------------------
-
-    async def _pause_for_human(self, node_id: str, node: HumanNode) -> Outcome:
-        cp = self.checkpoint
-        questions = [q.model_dump() for q in node.questions]
-        interaction_id = f"{self.run_id}:{node_id}:{cp.progress}"
-        cp.restart_node = node_id
-        cp.outputs.pop(node_id, None)
-        cp.pending_interaction = {"id": interaction_id, "node": node_id, "questions": questions}
-        await self.writer.write_checkpoint(cp)
-        await self.store.put_interaction(
-            Interaction(
-                id=interaction_id,
-                run_id=self.run_id,
-                tenant=self.run_doc.tenant,
-                node=node_id,
-                attempt=self.run_doc.attempt,
-                questions=questions,
-                created_at=utcnow(),
-            )
-        )
-        await self.events.emit("human_input_requested", node=node_id, questions=questions)
-        return Paused("human", node_id)
-
-    async def _deliberate_failure(self, node_id: str, node: FailNode) -> Outcome:
-        cp = self.checkpoint
-        preds = sorted(set(self.workflow.predecessors(node_id)))
-        try:
-            message = render(node.message, self.scope(), shell=False) if node.message else node.code
-        except TemplateError:
-            message = node.message
-        if node.resumable and len(preds) == 1:
-            # Anchor on the guard so a resume re-evaluates it (SPEC §6.5).
-            cp.restart_node = preds[0]
-            await self.writer.write_checkpoint(cp)
-            return Failed(node.code, message, node=node_id, deliberate=True, resumable=True)
-        warning = None
-        if node.resumable:
-            warning = (
-                f"fail node {node_id!r} is resumable but has {len(preds)} predecessors"
-                " (a guard needs exactly one): the run ends failed"
-            )
-            log.warning("run %s: %s", self.run_id, warning)
-        cp.restart_node = node_id
-        await self.writer.write_checkpoint(cp)
-        return Failed(
-            node.code, message, node=node_id, deliberate=True, resumable=False, warning=warning
-        )
-
-    async def _stop_for_cancel(self, node_id: str) -> Outcome:
-        reason = self.cancel.reason
-        if reason is CancelReason.LEASE_LOST or reason is None:
-            return Interrupted(CancelReason.LEASE_LOST)
-        self.checkpoint.restart_node = node_id
-        await self.writer.write_checkpoint(self.checkpoint)
-        if reason is CancelReason.OPERATOR:
-            return Cancelled()
-        return Interrupted(reason)
 
 
 def classify(outcome: Failed) -> FailureClass:

@@ -1,0 +1,97 @@
+"""Where a walk stops short of its end (SPEC §6.2, §6.4, §6.5): a human pause, a deliberate
+`fail` node, a cancel. Each writes the checkpoint anchored where the next execution must start —
+a pause and a cancel at the node about to run, a resumable `fail` at its guard — and returns the
+outcome; the status is the caller's to write (`settle.py`, the runner's disposition).
+
+A mixin of `Execution` (kept apart so the walk itself reads in one screen).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from engine.cancel import CancelSignal
+from engine.errors import TemplateError
+from engine.events import EventLog
+from engine.fencing import FencedWriter
+from engine.outcome import Cancelled, CancelReason, Failed, Interrupted, Outcome, Paused
+from engine.templates import render
+from engine.workflow import FailNode, HumanNode, Workflow
+from store import Checkpoint, Interaction, RunDocument, RunStore, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class RunStops:
+    store: RunStore
+    run_doc: RunDocument
+    run_id: str
+    checkpoint: Checkpoint
+    writer: FencedWriter
+    events: EventLog
+    cancel: CancelSignal
+
+    @property
+    def workflow(self) -> Workflow:
+        raise NotImplementedError
+
+    def scope(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _pause_for_human(self, node_id: str, node: HumanNode) -> Outcome:
+        cp = self.checkpoint
+        questions = [q.model_dump() for q in node.questions]
+        interaction_id = f"{self.run_id}:{node_id}:{cp.progress}"
+        cp.restart_node = node_id
+        cp.outputs.pop(node_id, None)
+        cp.pending_interaction = {"id": interaction_id, "node": node_id, "questions": questions}
+        await self.writer.write_checkpoint(cp)
+        await self.store.put_interaction(
+            Interaction(
+                id=interaction_id,
+                run_id=self.run_id,
+                tenant=self.run_doc.tenant,
+                node=node_id,
+                attempt=self.run_doc.attempt,
+                questions=questions,
+                created_at=utcnow(),
+            )
+        )
+        await self.events.emit("human_input_requested", node=node_id, questions=questions)
+        return Paused("human", node_id)
+
+    async def _deliberate_failure(self, node_id: str, node: FailNode) -> Outcome:
+        cp = self.checkpoint
+        preds = sorted(set(self.workflow.predecessors(node_id)))
+        try:
+            message = render(node.message, self.scope(), shell=False) if node.message else node.code
+        except TemplateError:
+            message = node.message
+        if node.resumable and len(preds) == 1:
+            # Anchor on the guard so a resume re-evaluates it (SPEC §6.5).
+            cp.restart_node = preds[0]
+            await self.writer.write_checkpoint(cp)
+            return Failed(node.code, message, node=node_id, deliberate=True, resumable=True)
+        warning = None
+        if node.resumable:
+            warning = (
+                f"fail node {node_id!r} is resumable but has {len(preds)} predecessors"
+                " (a guard needs exactly one): the run ends failed"
+            )
+            log.warning("run %s: %s", self.run_id, warning)
+        cp.restart_node = node_id
+        await self.writer.write_checkpoint(cp)
+        return Failed(
+            node.code, message, node=node_id, deliberate=True, resumable=False, warning=warning
+        )
+
+    async def _stop_for_cancel(self, node_id: str) -> Outcome:
+        reason = self.cancel.reason
+        if reason is CancelReason.LEASE_LOST or reason is None:
+            return Interrupted(CancelReason.LEASE_LOST)
+        self.checkpoint.restart_node = node_id
+        await self.writer.write_checkpoint(self.checkpoint)
+        if reason is CancelReason.OPERATOR:
+            return Cancelled()
+        return Interrupted(reason)
