@@ -1,10 +1,6 @@
-"""`runfleet dlq …`: list, show, replay and purge dead-letter records (SPEC §10).
-
-A bulk replay goes record by record, each through the publisher's replay (a fresh attempt; the
-record removed only once the replay is published), so a crash half-way loses nothing and a
-re-run finishes the job: records already replayed are recognised and removed, never replayed
-twice.
-"""
+"""`runfleet dlq …`: list, show, replay and purge dead-letter records (SPEC §10). The operations
+(and why a bulk replay is safe to kill and re-run) are in `runner.operations.dlq`; this module
+parses, asks, and prints."""
 
 from __future__ import annotations
 
@@ -14,13 +10,12 @@ from typing import Any
 
 import click
 
-from publisher import DlqRecord, DlqStore, decode
-from publisher.errors import MalformedMessage, UnsupportedSchema
-from publisher.nats_errors import nats_boundary
-from runner.cli.context import open_env
-from runner.cli.errors import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, exit_code_for
+from publisher import DlqRecord
+from runner import operations as ops
+from runner.cli.errors import EXIT_REFUSED, EXIT_UNREACHABLE
 from runner.cli.runtime import command, echo_json, json_option
-from store import RunfleetError, RunNotFound, utcnow
+from runner.operations import RecordDetail, ReplayReport, open_env
+from store import utcnow
 from store.timeutil import parse_duration
 
 
@@ -30,6 +25,27 @@ def record_view(record: DlqRecord) -> dict[str, Any]:
     return out
 
 
+def detail_view(detail: RecordDetail) -> dict[str, Any]:
+    decoded: Any
+    if detail.message is not None:
+        decoded = detail.message.model_dump(mode="json")
+    else:
+        decoded = {
+            "undecodable": detail.undecodable,
+            "raw_b64": base64.b64encode(detail.body[:4096]).decode(),
+        }
+    run_status: dict[str, Any] | None = None
+    if detail.run is not None:
+        run_status = {
+            "status": str(detail.run.status),
+            "attempt": detail.run.attempt,
+            "failure_code": detail.run.failure_code,
+        }
+    elif detail.run_missing:
+        run_status = {"status": "not_found"}
+    return {**record_view(detail.record), "body": decoded, "run": run_status}
+
+
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -37,22 +53,18 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-@click.group("dlq")
-def dlq_group() -> None:
-    """Dead-letter records: what the fleet could not process, kept for an operator."""
-
-
-async def _select(
-    dlq: DlqStore, ids: tuple[int, ...], all_: bool, reason: str | None, older_than: str | None
-) -> list[DlqRecord]:
+def _ids_or_all(ids: tuple[int, ...], all_: bool) -> tuple[int, ...] | None:
+    """The ids given, or None for `--all` (exactly one of the two)."""
     if ids and all_:
         raise click.UsageError("give record ids or --all, not both")
     if not ids and not all_:
         raise click.UsageError("give record ids or --all")
-    cutoff = utcnow() - parse_duration(older_than) if older_than else None
-    if all_:
-        return await dlq.list(reason=reason, older_than=cutoff)
-    return [await dlq.get(i) for i in ids]
+    return None if all_ else ids
+
+
+@click.group("dlq")
+def dlq_group() -> None:
+    """Dead-letter records: what the fleet could not process, kept for an operator."""
 
 
 @dlq_group.command("list")
@@ -62,10 +74,9 @@ async def _select(
 @command
 async def dlq_list(reason: str | None, older_than: str | None, as_json: bool) -> None:
     """List DLQ records (id = the work-stream sequence of the dead message)."""
-    cutoff = utcnow() - parse_duration(older_than) if older_than else None
-    async with open_env() as env, env.publisher() as pub:
-        assert pub.dlq is not None
-        records = await pub.dlq.list(reason=reason, older_than=cutoff)
+    age = parse_duration(older_than) if older_than else None
+    async with open_env() as env:
+        records = await ops.list_records(env, reason=reason, older_than=age)
     if as_json:
         echo_json({"records": [record_view(r) for r in records]})
         return
@@ -84,34 +95,34 @@ async def dlq_list(reason: str | None, older_than: str | None, as_json: bool) ->
 @command
 async def dlq_show(record_id: int, as_json: bool) -> None:
     """Show one record, its decoded body where decodable, and its run's status."""
-    async with open_env() as env, env.publisher() as pub:
-        assert pub.dlq is not None
-        record = await pub.dlq.get(record_id)
-        body = await pub.dlq.body(record)
-        decoded: Any
-        try:
-            decoded = decode(body, record.headers).model_dump(mode="json")
-        except (MalformedMessage, UnsupportedSchema) as exc:
-            decoded = {
-                "undecodable": exc.message,
-                "raw_b64": base64.b64encode(body[:4096]).decode(),
-            }
-        run_status = None
-        if record.run_id:
-            try:
-                run = await env.store.get_run(record.run_id)
-                run_status = {
-                    "status": str(run.status),
-                    "attempt": run.attempt,
-                    "failure_code": run.failure_code,
-                }
-            except RunNotFound:
-                run_status = {"status": "not_found"}
-    view = {**record_view(record), "body": decoded, "run": run_status}
+    async with open_env() as env:
+        view = detail_view(await ops.show_record(env, record_id))
     if as_json:
         echo_json(view)
     else:
         click.echo(json.dumps(view, indent=2, default=str))
+
+
+def replay_view(report: ReplayReport) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    for outcome in report.outcomes:
+        if outcome.run is not None:
+            results.append(
+                {
+                    "id": outcome.record_id,
+                    "run_id": outcome.run.run_id,
+                    "attempt": outcome.run.attempt,
+                    "replayed": True,
+                }
+            )
+        else:
+            assert outcome.error is not None
+            error = outcome.error.to_dict()
+            results.append({"id": outcome.record_id, "replayed": False, "error": error})
+    out: dict[str, Any] = {"results": results}
+    if report.not_attempted:
+        out["not_attempted"] = list(report.not_attempted)
+    return out
 
 
 @dlq_group.command("replay")
@@ -122,53 +133,30 @@ async def dlq_show(record_id: int, as_json: bool) -> None:
 @command
 async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_json: bool) -> None:
     """Replay records as fresh attempts of their runs."""
-    results: list[dict[str, Any]] = []
-    exit_code = EXIT_OK
-    not_attempted: list[int] = []
-    unreachable: set[int] = set()
-    async with open_env() as env, env.publisher() as pub:
-        assert pub.dlq is not None
-        records = await _select(pub.dlq, ids, all_, reason, None)
-        for index, record in enumerate(records):
-            try:
-                with nats_boundary(f"replaying DLQ record {record.id}"):
-                    run = await pub.replay(record.id, tenant=env.settings.tenant)
-                results.append(
-                    {
-                        "id": record.id,
-                        "run_id": run.run_id,
-                        "attempt": run.attempt,
-                        "replayed": True,
-                    }
-                )
-            except RunfleetError as exc:
-                results.append({"id": record.id, "replayed": False, "error": exc.to_dict()})
-                if exit_code_for(exc) == EXIT_UNREACHABLE:
-                    # NATS or the store is not there: every other record would fail alike,
-                    # each after its retry budget. They stay, for a replay once it is back.
-                    exit_code = EXIT_UNREACHABLE
-                    unreachable.add(record.id)
-                    not_attempted = [r.id for r in records[index + 1 :]]
-                    break
-                exit_code = EXIT_REFUSED
+    selected = _ids_or_all(ids, all_)
+    async with open_env() as env:
+        report = await ops.replay_records(env, selected, reason=reason)
     if as_json:
-        out: dict[str, Any] = {"results": results}
-        if not_attempted:
-            out["not_attempted"] = not_attempted
-        echo_json(out)
+        echo_json(replay_view(report))
     else:
-        for r in results:
-            if r["replayed"]:
-                click.echo(f"replayed {r['id']}: run {r['run_id']} attempt {r['attempt']}")
-            elif r["id"] in unreachable:
-                click.echo(f"failed   {r['id']}: [{r['error']['code']}] {r['error']['message']}")
-                click.echo(f"  remedy: {r['error'].get('remedy')}")
+        for outcome in report.outcomes:
+            if outcome.run is not None:
+                run = outcome.run
+                click.echo(f"replayed {outcome.record_id}: run {run.run_id} attempt {run.attempt}")
+                continue
+            assert outcome.error is not None
+            line = f"{outcome.record_id}: [{outcome.error.code}] {outcome.error.message}"
+            if outcome.error is report.stopped_by:
+                click.echo(f"failed   {line}")
+                click.echo(f"  remedy: {outcome.error.remedy}")
             else:
-                click.echo(f"refused  {r['id']}: [{r['error']['code']}] {r['error']['message']}")
-        if not_attempted:
-            click.echo(f"not attempted: {', '.join(map(str, not_attempted))}")
-    if exit_code != EXIT_OK:
-        raise SystemExit(exit_code)
+                click.echo(f"refused  {line}")
+        if report.not_attempted:
+            click.echo(f"not attempted: {', '.join(map(str, report.not_attempted))}")
+    if report.stopped_by is not None:
+        raise SystemExit(EXIT_UNREACHABLE)
+    if any(not outcome.replayed for outcome in report.outcomes):
+        raise SystemExit(EXIT_REFUSED)
 
 
 @dlq_group.command("purge")
@@ -188,9 +176,10 @@ async def dlq_purge(
     as_json: bool,
 ) -> None:
     """Remove records for good (prints what it removed)."""
-    async with open_env() as env, env.publisher() as pub:
-        assert pub.dlq is not None
-        records = await _select(pub.dlq, ids, all_, reason, older_than)
+    selected = _ids_or_all(ids, all_)
+    age = parse_duration(older_than) if older_than else None
+    async with open_env() as env:
+        records = await ops.select_records(env, selected, reason=reason, older_than=age)
         if not records:
             echo_json({"removed": []}) if as_json else click.echo("nothing to purge")
             return
@@ -199,7 +188,7 @@ async def dlq_purge(
             more = f" and {len(records) - 20} more" if len(records) > 20 else ""
             if not click.confirm(f"purge {len(records)} record(s): {listing}{more}?", err=True):
                 raise click.Abort()
-        removed = [r.id for r in records if await pub.dlq.delete(r.id)]
+        removed = await ops.purge_records(env, [r.id for r in records])
     if as_json:
         echo_json({"removed": removed})
     else:

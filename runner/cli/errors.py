@@ -10,8 +10,8 @@ from typing import NoReturn
 
 import click
 
-from engine.errors import WorkflowInvalid
-from store import Refusal, RunfleetError, StoreUnavailable
+from runner.operations.errors import is_refusal, is_unreachable
+from store import RunfleetError
 
 EXIT_OK = 0
 EXIT_OTHER = 1
@@ -19,19 +19,12 @@ EXIT_USAGE = 2
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
 
-_UNREACHABLE: tuple[type[RunfleetError], ...] = (StoreUnavailable,)
-
-
-def register_unreachable(kind: type[RunfleetError]) -> None:
-    """Let another package (the publisher's NATS errors) map to exit code 4."""
-    global _UNREACHABLE
-    _UNREACHABLE = (*_UNREACHABLE, kind)
-
 
 def exit_code_for(exc: RunfleetError) -> int:
-    if isinstance(exc, Refusal | WorkflowInvalid):
+    """The operations' classification (`runner.operations.errors`), as an exit code."""
+    if is_refusal(exc):
         return EXIT_REFUSED
-    if isinstance(exc, _UNREACHABLE):
+    if is_unreachable(exc):
         return EXIT_UNREACHABLE
     return EXIT_OTHER
 

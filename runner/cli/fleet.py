@@ -1,4 +1,5 @@
-"""Commands on the fleet: up, runner, sweep, streams ensure, gc."""
+"""Commands on the fleet: up, runner (processes, here), sweep, streams ensure, gc (through
+`runner.operations`)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from typing import Any
 
 import click
 
-from publisher import WireNames, WireSettings, connect, ensure_streams
-from runner.cli.context import open_env
+from runner import operations as ops
 from runner.cli.runtime import command, json_option
 from runner.cli.views import echo_json
-from store import RunfleetError, RunQuery, RunStatus, utcnow
+from runner.operations import open_env
 from store.timeutil import parse_duration
 
 
@@ -27,12 +27,7 @@ def streams_group() -> None:
 @command
 async def streams_ensure_cmd(as_json: bool) -> None:
     """Create or update the streams and consumers of the wire contract (idempotent)."""
-    wire = WireSettings()
-    nc, js = await connect(wire, name="runfleet-streams")
-    try:
-        report = await ensure_streams(js, WireNames(wire.namespace), wire)
-    finally:
-        await nc.close()
+    report = await ops.ensure_wire()
     if as_json:
         echo_json({"created": report.created, "updated": report.updated})
     else:
@@ -111,7 +106,7 @@ async def runner_cmd(slots: int | None, http_port: int | None) -> None:
             blobs=env.blobs,
             settings=settings,
             engine=env.engine,
-            wire=WireSettings(data=env.settings.data),
+            wire=env.wire(),
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -129,13 +124,8 @@ async def runner_cmd(slots: int | None, http_port: int | None) -> None:
 @command
 async def sweep_cmd(as_json: bool) -> None:
     """Run one orphan-sweeper pass now (SPEC §5.9)."""
-    from runner.sweeper import Sweeper
-
     async with open_env() as env:
-        runner = runner_for_sweep(env)
-        async with runner:
-            assert runner.svc is not None
-            report = await Sweeper(runner.svc).sweep_once(force=True)
+        report = await ops.sweep(env)
     if as_json:
         echo_json({"actions": dict(report.actions)})
     else:
@@ -153,62 +143,26 @@ async def sweep_cmd(as_json: bool) -> None:
 async def gc_cmd(older_than: str, yes: bool, as_json: bool) -> None:
     """Delete settled runs (finished, failed, cancelled) not updated for D, with their events
     and blobs; DLQ records and staged uploads older than D."""
-    from store.staging import StagingStore
-
     age = parse_duration(older_than)
-    cutoff = utcnow() - age
-    settled = [RunStatus.FINISHED, RunStatus.FAILED, RunStatus.CANCELLED]
     async with open_env() as env:
-        victims: list[str] = []
-        after: str | None = None
-        while True:
-            page = await env.store.list_runs(
-                RunQuery(statuses=settled, updated_before=cutoff, after_run_id=after, limit=500)
-            )
-            victims.extend(r.run_id for r in page.runs)
-            if page.next_after is None:
-                break
-            after = page.next_after
+        plan = await ops.plan_gc(env, age)
         if (
-            victims
+            plan.run_ids
             and not yes
             and not click.confirm(
-                f"delete {len(victims)} run(s) older than {older_than}?", err=True
+                f"delete {len(plan.run_ids)} run(s) older than {older_than}?", err=True
             )
         ):
             raise click.Abort()
-        for run_id in victims:
-            for blob in await env.blobs.list(f"runs/{run_id}/"):
-                await env.blobs.delete(blob.key)
-            await env.store.delete_run(run_id)
-        uploads = await StagingStore(env.store, env.blobs).reap(age, utcnow())
-        dlq_removed = 0
-        try:
-            async with env.publisher() as pub:
-                assert pub.dlq is not None
-                for record in await pub.dlq.list(older_than=cutoff):
-                    dlq_removed += int(await pub.dlq.delete(record.id))
-        except RunfleetError as exc:
-            click.echo(f"DLQ not collected: {exc.message}", err=True)
-    report = {"runs": len(victims), "staged_uploads": uploads, "dlq_records": dlq_removed}
+        collected = await ops.collect_garbage(env, plan)
+        if collected.dlq_error is not None:
+            click.echo(f"DLQ not collected: {collected.dlq_error.message}", err=True)
+    report = {
+        "runs": collected.runs,
+        "staged_uploads": collected.staged_uploads,
+        "dlq_records": collected.dlq_records,
+    }
     if as_json:
         echo_json(report)
     else:
         click.echo(", ".join(f"{k}: {v}" for k, v in report.items()))
-
-
-def runner_for_sweep(env: Any) -> Any:
-    """A runner that does not consume: only its services, for a one-off sweep pass."""
-    from runner.config import RunnerSettings
-    from runner.runner import Runner
-
-    return Runner(
-        store=env.store,
-        driver=env.driver(),
-        data_dir=env.data_dir,
-        blobs=env.blobs,
-        settings=RunnerSettings(sweeper=False, backstop=False, slots=1, http_host="127.0.0.1"),
-        engine=env.engine,
-        wire=WireSettings(data=env.settings.data),
-        consume=False,
-    )

@@ -1,18 +1,16 @@
-"""Commands on runs: run, launch, resume, cancel, status, runs, events, rewind."""
+"""Commands on runs: run, launch, resume, cancel, status, runs, events, rewind. Each parses
+its flags, calls `runner.operations` and prints."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import click
 
 from engine.loader import load_workflow_file
-from engine.local import LocalEnv, resume_local, run_local
 from engine.resume import ResumeRequest
-from engine.rewind import rewind
-from runner.cli.context import open_env
+from runner import operations as ops
 from runner.cli.options import (
     budget_overrides,
     parse_pairs,
@@ -21,7 +19,8 @@ from runner.cli.options import (
 )
 from runner.cli.runtime import command, json_option
 from runner.cli.views import echo_json, echo_run, event_line, run_view
-from store import Event, RunQuery, RunStatus, utcnow
+from runner.operations import open_env
+from store import Event, RunStatus
 from store.timeutil import parse_duration
 
 
@@ -35,16 +34,11 @@ async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool
     """Execute a workflow in this process (no queue), as a `local` run."""
     loaded = load_workflow_file(file)
     async with open_env() as env:
-        local = LocalEnv(
-            env.store,
-            env.driver(),
-            env.engine,
-            env.data_dir,
-            env.blobs,
+        doc = await ops.run_local(
+            env,
+            loaded,
+            parse_pairs(vars_, "--var"),
             on_event=progress_printer(not quiet and not as_json),
-        )
-        doc = await run_local(
-            local, loaded, parse_pairs(vars_, "--var"), tenant=env.settings.tenant
         )
     echo_json(run_view(doc)) if as_json else echo_run(doc)
 
@@ -99,19 +93,15 @@ async def resume_cmd(
         if not local:
             if auto_resume:
                 raise click.UsageError("--auto-resume goes with --local")
-            async with env.publisher() as publisher:
-                doc = await publisher.resume(run_id, request, tenant=env.settings.tenant)
-            echo_json(run_view(doc)) if as_json else echo_run(doc)
-            return
-        local_env = LocalEnv(
-            env.store,
-            env.driver(),
-            env.engine,
-            env.data_dir,
-            env.blobs,
-            on_event=progress_printer(not quiet and not as_json),
-        )
-        doc = await resume_local(local_env, run_id, request, auto_resume=auto_resume)
+            doc = await ops.resume(env, run_id, request)
+        else:
+            doc = await ops.resume_local(
+                env,
+                run_id,
+                request,
+                auto_resume=auto_resume,
+                on_event=progress_printer(not quiet and not as_json),
+            )
     echo_json(run_view(doc)) if as_json else echo_run(doc)
 
 
@@ -123,10 +113,9 @@ async def resume_cmd(
 async def launch_cmd(file: Path, vars_: tuple[str, ...], as_json: bool) -> None:
     """Queue a new run of FILE for the fleet."""
     loaded = load_workflow_file(file)
-    async with open_env() as env, env.publisher() as publisher:
-        doc = await publisher.launch(
-            loaded, parse_pairs(vars_, "--var"), tenant=env.settings.tenant
-        )
+    inputs = parse_pairs(vars_, "--var")
+    async with open_env() as env:
+        doc = await ops.launch(env, loaded, inputs)
     echo_json(run_view(doc)) if as_json else echo_run(doc)
 
 
@@ -136,8 +125,8 @@ async def launch_cmd(file: Path, vars_: tuple[str, ...], as_json: bool) -> None:
 @command
 async def cancel_cmd(run_id: str, as_json: bool) -> None:
     """Cancel a run (a running one is asked to stop, and checkpoints first)."""
-    async with open_env() as env, env.publisher() as publisher:
-        doc = await publisher.cancel(run_id, tenant=env.settings.tenant)
+    async with open_env() as env:
+        doc = await ops.cancel(env, run_id)
     echo_json(run_view(doc)) if as_json else echo_run(doc)
 
 
@@ -148,7 +137,7 @@ async def cancel_cmd(run_id: str, as_json: bool) -> None:
 async def status_cmd(run_id: str, as_json: bool) -> None:
     """Show one run."""
     async with open_env() as env:
-        doc = await env.store.get_run(run_id)
+        doc = await ops.get_run(env, run_id)
     echo_json(run_view(doc)) if as_json else echo_run(doc)
 
 
@@ -171,18 +160,15 @@ async def runs_cmd(
     as_json: bool,
 ) -> None:
     """List runs, oldest first, a page at a time."""
-
-    created_since = utcnow() - parse_duration(since) if since else None
+    within = parse_duration(since) if since else None
     async with open_env() as env:
-        page = await env.store.list_runs(
-            RunQuery(
-                statuses=[RunStatus(s) for s in statuses],
-                failure_codes=list(codes),
-                created_since=created_since,
-                tenant=env.settings.tenant,
-                after_run_id=after,
-                limit=limit,
-            )
+        page = await ops.list_runs(
+            env,
+            statuses=[RunStatus(s) for s in statuses],
+            failure_codes=codes,
+            created_within=within,
+            after=after,
+            limit=limit,
         )
     if as_json:
         echo_json({"runs": [run_view(r) for r in page.runs], "next_after": page.next_after})
@@ -205,24 +191,13 @@ async def runs_cmd(
 @command
 async def events_cmd(run_id: str, after: int, follow: bool, as_json: bool) -> None:
     """Print a run's events (with --follow, as they happen)."""
-    moving = {RunStatus.QUEUED, RunStatus.RUNNING}
     collected: list[Event] = []
     async with open_env() as env:
-        await env.store.get_run(run_id)
-        while True:
-            events = await env.store.read_events(run_id, after_seq=after, limit=10_000)
-            if events:
-                after = events[-1].seq
-                collected.extend(events)
-                if not as_json:
-                    for event in events:
-                        click.echo(event_line(event))
-            if not follow:
-                break
-            run = await env.store.get_run(run_id)
-            if run.status not in moving and not events:
-                break  # settled, and nothing new since the last read
-            await asyncio.sleep(0.5)
+        async for events in ops.event_batches(env, run_id, after=after, follow=follow):
+            collected.extend(events)
+            if not as_json:
+                for event in events:
+                    click.echo(event_line(event))
     if as_json:
         echo_json({"events": [e.model_dump(mode="json") for e in collected]})
 
@@ -237,13 +212,7 @@ async def rewind_cmd(run_id: str, node: str, file: Path | None, as_json: bool) -
     """Move a run's checkpoint back to NODE and park it paused_operator."""
     new_source = load_workflow_file(file) if file is not None else None
     async with open_env() as env:
-        result = await rewind(
-            env.store,
-            run_id,
-            node,
-            new_source=new_source,
-            skew_s=env.engine.lease_skew.total_seconds(),
-        )
+        result = await ops.rewind(env, run_id, node, new_source=new_source)
     if as_json:
         echo_json({**run_view(result.run), "dropped_nodes": result.dropped})
     else:

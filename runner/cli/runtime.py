@@ -11,18 +11,14 @@ from typing import ParamSpec
 
 import click
 
-from publisher import NatsUnavailable, PublishFailed
 from publisher.nats_errors import NATS_ERRORS, translate_nats_error
-from runner.cli.errors import EXIT_OTHER, fail, register_unreachable
+from runner.cli.errors import EXIT_OTHER, fail
 from runner.cli.views import echo_json
 from store import RunfleetError
 
 P = ParamSpec("P")
 
 __all__ = ["command", "echo_json", "json_option"]
-
-register_unreachable(NatsUnavailable)  # and its kinds: timeout, JetStream, missing stream
-register_unreachable(PublishFailed)  # after bounded retries: NATS or its stream is not there
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document")
 
@@ -40,8 +36,8 @@ def command(fn: Callable[P, Awaitable[None]]) -> Callable[P, None]:
         except (click.ClickException, click.Abort):
             raise
         except NATS_ERRORS as exc:
-            # The operations translate at their boundary; this catches what a lower layer
-            # (a runner's services, started for `sweep`) let through: never `internal`.
+            # The operations translate at their boundaries; this is the last line for a NATS
+            # error that slipped past one: typed, never `internal`.
             fail(translate_nats_error(exc), as_json=as_json)
         except KeyboardInterrupt:
             sys.exit(130)

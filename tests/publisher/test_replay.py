@@ -98,7 +98,7 @@ class RecordingDlq(DlqStore):
 
 async def test_a_replay_whose_publish_fails_after_its_cas_flips_the_run_back_and_keeps_the_record(
     publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
-):
+) -> None:
     run = await put_run(run_store, attempt=2, **PARKED)
     await dead_letter(dlq_of(publisher), run, attempt=2)
     await nats_conn.js.delete_stream(names.runs_stream)  # the publish fails after the CAS
@@ -124,7 +124,7 @@ async def test_a_second_replay_after_a_failed_publish_publishes_then_removes_the
     names: WireNames,
     run_store: RunStore,
     settings: WireSettings,
-):
+) -> None:
     run = await put_run(run_store, attempt=2, **PARKED)
     await dead_letter(dlq_of(publisher), run, attempt=2)
     await nats_conn.js.delete_stream(names.runs_stream)
@@ -150,7 +150,7 @@ async def test_a_second_replay_after_a_failed_publish_publishes_then_removes_the
 
 async def test_a_replay_found_queued_at_its_attempt_with_no_publication_is_published_not_skipped(
     publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
-):
+) -> None:
     """A replay killed between its CAS and its publish left the run `queued` at the record's
     attempt + 1 with nothing on the queue: the next replay publishes that attempt."""
     run = await put_run(run_store, status=RunStatus.QUEUED, attempt=3, resume_spec=replay_spec(3))
@@ -173,7 +173,7 @@ async def test_an_interrupted_replay_whose_publish_fails_again_flips_back_and_ke
     names: WireNames,
     run_store: RunStore,
     settings: WireSettings,
-):
+) -> None:
     run = await put_run(run_store, status=RunStatus.QUEUED, attempt=3, resume_spec=replay_spec(3))
     await dead_letter(dlq_of(publisher), run, attempt=2)
     await nats_conn.js.delete_stream(names.runs_stream)
@@ -201,7 +201,7 @@ async def test_an_interrupted_replay_whose_publish_fails_again_flips_back_and_ke
 
 async def test_a_replay_found_published_removes_the_record_without_publishing_again(
     publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
-):
+) -> None:
     """Killed after the publication was recorded, before the record went."""
     publication = Publication(attempt=3, stream_seq=41, at=utcnow())
     run = await put_run(
@@ -222,7 +222,7 @@ async def test_a_replay_found_published_removes_the_record_without_publishing_ag
 
 async def test_a_replay_never_published_whose_run_was_cancelled_since_is_refused_stale(
     publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
-):
+) -> None:
     """An operator cancelled the queued run before the replay's publish: replaying the record
     again must not undo the cancel, and must not drop the record as if it had replayed."""
     run = await put_run(

@@ -1,0 +1,76 @@
+"""The operator operations (SPEC §10, §10b, §10c; STYLE.md "where new code lives"): one set of
+functions for every action and listing an operator has, called by the CLI today and by the
+console and the HTTP API tomorrow, so none of them re-implements resume, cancel, replay or purge.
+
+Each operation takes an open `Env` and parsed arguments; it returns a typed value and raises only
+`RunfleetError`s — typed refusals with `code` and `remedy`, or unreachable infrastructure
+(`errors.is_unreachable`); NATS's own errors are translated where the connection is opened.
+Printing, prompting and flag parsing belong to the caller.
+
+    runs   launch, run_local, get_run, list_runs, event_batches, resume, resume_local, cancel,
+           rewind
+    dlq    list_records, select_records, show_record, replay_records, purge_records
+    fleet  ensure_wire, sweep, plan_gc, collect_garbage
+"""
+
+from runner.operations.dlq import (
+    list_records,
+    purge_records,
+    replay_records,
+    select_records,
+    show_record,
+)
+from runner.operations.env import Env, open_env
+from runner.operations.errors import UNREACHABLE, is_refusal, is_unreachable
+from runner.operations.fleet import collect_garbage, ensure_wire, plan_gc, sweep
+from runner.operations.models import (
+    GcPlan,
+    GcReport,
+    RecordDetail,
+    ReplayOutcome,
+    ReplayReport,
+    SweepResult,
+)
+from runner.operations.runs import (
+    cancel,
+    event_batches,
+    get_run,
+    launch,
+    list_runs,
+    resume,
+    resume_local,
+    rewind,
+    run_local,
+)
+
+__all__ = [
+    "UNREACHABLE",
+    "Env",
+    "GcPlan",
+    "GcReport",
+    "RecordDetail",
+    "ReplayOutcome",
+    "ReplayReport",
+    "SweepResult",
+    "cancel",
+    "collect_garbage",
+    "ensure_wire",
+    "event_batches",
+    "get_run",
+    "is_refusal",
+    "is_unreachable",
+    "launch",
+    "list_records",
+    "list_runs",
+    "open_env",
+    "plan_gc",
+    "purge_records",
+    "replay_records",
+    "resume",
+    "resume_local",
+    "rewind",
+    "run_local",
+    "select_records",
+    "show_record",
+    "sweep",
+]

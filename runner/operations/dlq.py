@@ -1,0 +1,112 @@
+"""Operations on dead-letter records (SPEC §3 records, §4 Replay, §10): list, show, replay,
+purge.
+
+A bulk replay goes record by record, each through the publisher's replay (a fresh attempt; the
+record removed only once the replay's publication is recorded), so a crash half-way loses
+nothing and a re-run finishes the job: records already replayed are recognised and removed,
+never replayed twice. When NATS or the store is not there, the replay stops at the first such
+failure: every other record would fail alike, each after its whole retry budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from publisher.dlq import DlqRecord, DlqStore
+from publisher.errors import MalformedMessage, UnsupportedSchema
+from publisher.nats_errors import nats_boundary
+from publisher.wire import RunMessage, decode
+from runner.operations.env import Env
+from runner.operations.errors import is_unreachable
+from runner.operations.models import RecordDetail, ReplayOutcome, ReplayReport
+from store import RunDocument, RunfleetError, RunNotFound, utcnow
+
+
+def _dlq(store: DlqStore | None) -> DlqStore:
+    assert store is not None, "Env.publisher() always has a DLQ store"
+    return store
+
+
+async def _select(
+    dlq: DlqStore, ids: Sequence[int] | None, reason: str | None, older_than: timedelta | None
+) -> list[DlqRecord]:
+    if ids is not None:
+        return [await dlq.get(i) for i in ids]
+    cutoff = utcnow() - older_than if older_than is not None else None
+    return await dlq.list(reason=reason, older_than=cutoff)
+
+
+async def list_records(
+    env: Env, *, reason: str | None = None, older_than: timedelta | None = None
+) -> list[DlqRecord]:
+    """Every record (with `reason`, or older than `older_than`, those only), by id."""
+    async with env.publisher() as pub:
+        return await _select(_dlq(pub.dlq), None, reason, older_than)
+
+
+async def select_records(
+    env: Env,
+    ids: Sequence[int] | None,
+    *,
+    reason: str | None = None,
+    older_than: timedelta | None = None,
+) -> list[DlqRecord]:
+    """The records `ids` names (each must exist: `record_not_found`), or with `ids` None every
+    record matching the filters — what a purge asks a person to confirm."""
+    async with env.publisher() as pub:
+        return await _select(_dlq(pub.dlq), ids, reason, older_than)
+
+
+async def show_record(env: Env, record_id: int) -> RecordDetail:
+    async with env.publisher() as pub:
+        dlq = _dlq(pub.dlq)
+        record = await dlq.get(record_id)
+        body = await dlq.body(record)
+        message: RunMessage | None = None
+        undecodable: str | None = None
+        try:
+            message = decode(body, record.headers)
+        except (MalformedMessage, UnsupportedSchema) as exc:
+            undecodable = exc.message
+        run: RunDocument | None = None
+        if record.run_id:
+            try:
+                run = await env.store.get_run(record.run_id)
+            except RunNotFound:
+                run = None
+    return RecordDetail(record, body, message, undecodable, run)
+
+
+async def replay_records(
+    env: Env,
+    ids: Sequence[int] | None,
+    *,
+    reason: str | None = None,
+    tenant: str | None = None,
+) -> ReplayReport:
+    """Replay the records `ids` names (or, with None, every record with `reason`). A refusal
+    is that record's outcome and the others go on; unreachable infrastructure stops the
+    replay and names the records not attempted."""
+    outcomes: list[ReplayOutcome] = []
+    async with env.publisher() as pub:
+        records = await _select(_dlq(pub.dlq), ids, reason, None)
+        for index, record in enumerate(records):
+            try:
+                with nats_boundary(f"replaying DLQ record {record.id}"):
+                    run = await pub.replay(record.id, tenant=tenant or env.tenant)
+            except RunfleetError as exc:
+                outcomes.append(ReplayOutcome(record.id, error=exc))
+                if is_unreachable(exc):
+                    rest = tuple(r.id for r in records[index + 1 :])
+                    return ReplayReport(tuple(outcomes), rest, stopped_by=exc)
+                continue
+            outcomes.append(ReplayOutcome(record.id, run=run))
+    return ReplayReport(tuple(outcomes))
+
+
+async def purge_records(env: Env, ids: Sequence[int]) -> list[int]:
+    """Remove records for good; returns the ids that were there to remove."""
+    async with env.publisher() as pub:
+        dlq = _dlq(pub.dlq)
+        return [record_id for record_id in ids if await dlq.delete(record_id)]

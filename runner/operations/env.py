@@ -1,0 +1,100 @@
+"""What an operation runs against, opened from `RUNFLEET_*` settings (SPEC §12), and closed.
+
+One `Env` per process (the CLI opens one per command; a console or an HTTP API keeps one for
+its life): the run store, the blob store and the settings. NATS is connected per operation that
+needs it (`Env.publisher()`), and its errors are translated there, at the one boundary, so an
+operation raises nothing but `RunfleetError`s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import EngineSettings
+from engine.local import LocalEnv
+from engine.sandbox.protocols import SandboxDriver
+from engine.sandbox.registry import DriverContext, open_driver
+from publisher.config import WireSettings
+from publisher.connection import connect
+from publisher.dlq import DlqStore
+from publisher.nats_errors import nats_boundary
+from publisher.publisher import Publisher
+from publisher.wire import WireNames
+from store import BlobStore, Event, RunStore
+from store.blob_url import open_blob_store
+from store.config import StoreSettings
+from store.url import open_store
+
+
+@dataclass
+class Env:
+    settings: StoreSettings
+    engine: EngineSettings
+    store: RunStore
+    blobs: BlobStore
+    client: str = "runfleet-cli"
+    """The NATS connection name (what `nats-server`'s connection list shows)."""
+    wire_settings: WireSettings | None = None
+    """The wire settings, when the caller has them; else read from `RUNFLEET_*`."""
+
+    @property
+    def data_dir(self) -> Path:
+        return self.settings.data.resolve()
+
+    @property
+    def tenant(self) -> str:
+        """`RUNFLEET_TENANT`: the tenant an operation acts for unless told another."""
+        return self.settings.tenant
+
+    def wire(self) -> WireSettings:
+        if self.wire_settings is not None:
+            return self.wire_settings
+        return WireSettings(data=self.settings.data)
+
+    @contextlib.asynccontextmanager
+    async def publisher(self) -> AsyncIterator[Publisher]:
+        """A connected publisher. An unreachable server is `NatsUnavailable` (exit code 4);
+        any NATS error raised in the block leaves it translated (`publisher.nats_errors`)."""
+        wire = self.wire()
+        nc, js = await connect(wire, name=self.client)
+        try:
+            names = WireNames(wire.namespace)
+            with nats_boundary():
+                yield Publisher(
+                    store=self.store,
+                    nc=nc,
+                    js=js,
+                    settings=wire,
+                    names=names,
+                    dlq=DlqStore(js, names, self.blobs),
+                )
+        finally:
+            await nc.close()
+
+    def driver(self) -> SandboxDriver:
+        """`RUNFLEET_SANDBOX`'s driver; `UnknownSandboxDriver` (naming the known) otherwise."""
+        return open_driver(self.engine.sandbox, DriverContext(data_dir=self.data_dir))
+
+    def local(self, on_event: Callable[[Event], None] | None = None) -> LocalEnv:
+        """What an in-process execution needs (`run`, `resume --local`)."""
+        return LocalEnv(
+            self.store, self.driver(), self.engine, self.data_dir, self.blobs, on_event=on_event
+        )
+
+
+@contextlib.asynccontextmanager
+async def open_env(data: Path | None = None, *, client: str = "runfleet-cli") -> AsyncIterator[Env]:
+    settings = StoreSettings() if data is None else StoreSettings(data=data)
+    engine = EngineSettings()
+    store = await open_store(settings.effective_store_url)
+    try:
+        blobs = open_blob_store(settings.effective_blob_url)
+        try:
+            yield Env(settings, engine, store, blobs, client)
+        finally:
+            await blobs.close()
+    finally:
+        await store.close()

@@ -1,0 +1,139 @@
+"""Operations on runs (SPEC §4, §6.7, §10): launch, run in-process, status, list, events,
+resume (through the queue or in-process), cancel, rewind.
+
+Each takes an open `Env` and what a person asked for, already parsed (a loaded workflow, a
+`ResumeRequest`, a duration), and returns the typed answer or raises a typed error. The rules
+live where they are decided — the publisher queues, the engine executes and rewinds, the store
+keeps — and an operation only wires them to the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from engine import local as engine_local
+from engine import rewind as engine_rewind
+from engine.loader import LoadedWorkflow
+from engine.resume import ResumeRequest
+from runner.operations.env import Env
+from store import Event, RunDocument, RunPage, RunQuery, RunStatus, utcnow
+
+MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
+"""While a run is in one of these, `follow` keeps reading its events."""
+FOLLOW_POLL_S = 0.5
+EVENTS_PAGE = 10_000
+
+OnEvent = Callable[[Event], None]
+
+
+async def launch(
+    env: Env, loaded: LoadedWorkflow, inputs: dict[str, Any], *, tenant: str | None = None
+) -> RunDocument:
+    """Queue a new run of `loaded` for the fleet (SPEC §4 Launch)."""
+    async with env.publisher() as publisher:
+        return await publisher.launch(loaded, inputs, tenant=tenant or env.tenant)
+
+
+async def run_local(
+    env: Env,
+    loaded: LoadedWorkflow,
+    inputs: dict[str, Any],
+    *,
+    tenant: str | None = None,
+    on_event: OnEvent | None = None,
+) -> RunDocument:
+    """Execute a new `local` run in this process to its outcome (no queue)."""
+    return await engine_local.run_local(
+        env.local(on_event), loaded, inputs, tenant=tenant or env.tenant
+    )
+
+
+async def get_run(env: Env, run_id: str) -> RunDocument:
+    return await env.store.get_run(run_id)
+
+
+async def list_runs(
+    env: Env,
+    *,
+    statuses: Sequence[RunStatus] = (),
+    failure_codes: Sequence[str] = (),
+    created_within: timedelta | None = None,
+    after: str | None = None,
+    limit: int = 50,
+    tenant: str | None = None,
+) -> RunPage:
+    """One page of the tenant's runs, oldest first (keyset paging on the run id)."""
+    return await env.store.list_runs(
+        RunQuery(
+            statuses=list(statuses),
+            failure_codes=list(failure_codes),
+            created_since=utcnow() - created_within if created_within is not None else None,
+            tenant=tenant or env.tenant,
+            after_run_id=after,
+            limit=limit,
+        )
+    )
+
+
+async def event_batches(
+    env: Env, run_id: str, *, after: int = 0, follow: bool = False
+) -> AsyncIterator[list[Event]]:
+    """A run's events after `after`, in batches as they are read. With `follow`, keep reading
+    while the run is queued or running, and stop once it settled and nothing new came."""
+    await env.store.get_run(run_id)  # run_not_found before anything else
+    while True:
+        events = await env.store.read_events(run_id, after_seq=after, limit=EVENTS_PAGE)
+        if events:
+            after = events[-1].seq
+            yield events
+        if not follow:
+            return
+        run = await env.store.get_run(run_id)
+        if run.status not in MOVING and not events:
+            return
+        await asyncio.sleep(FOLLOW_POLL_S)
+
+
+async def resume(
+    env: Env, run_id: str, request: ResumeRequest, *, tenant: str | None = None
+) -> RunDocument:
+    """Resume through the queue (SPEC §4 Resume): refusals in order, one CAS, publish."""
+    async with env.publisher() as publisher:
+        return await publisher.resume(run_id, request, tenant=tenant or env.tenant)
+
+
+async def resume_local(
+    env: Env,
+    run_id: str,
+    request: ResumeRequest,
+    *,
+    auto_resume: int = 0,
+    on_event: OnEvent | None = None,
+) -> RunDocument:
+    """Resume in this process (SPEC §5.3 Local), re-claiming up to `auto_resume` times while
+    the outcome is an auto-resumable failure."""
+    return await engine_local.resume_local(
+        env.local(on_event), run_id, request, auto_resume=auto_resume
+    )
+
+
+async def cancel(env: Env, run_id: str, *, tenant: str | None = None) -> RunDocument:
+    """Cancel (SPEC §4 Cancel); a running run is asked to checkpoint and stop."""
+    async with env.publisher() as publisher:
+        return await publisher.cancel(run_id, tenant=tenant or env.tenant)
+
+
+async def rewind(
+    env: Env, run_id: str, node: str, *, new_source: LoadedWorkflow | None = None
+) -> engine_rewind.RewindResult:
+    """Move the checkpoint back to `node` and park the run `paused_operator` (SPEC §6.7)."""
+    return await engine_rewind.rewind(
+        env.store,
+        run_id,
+        node,
+        new_source=new_source,
+        skew_s=env.engine.lease_skew.total_seconds(),
+    )

@@ -1,0 +1,160 @@
+"""The DLQ operations without the CLI (issue 20 item 2): list, show, replay, select and purge,
+against the real DLQ stream and a real SQLite store; the records are written as a runner
+writes them (`DlqStore.put`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from publisher import (
+    DlqRecord,
+    DlqStore,
+    PublishFailed,
+    RecordNotFound,
+    RunMessage,
+    WireNames,
+    encode,
+)
+from publisher.errors import StreamNotFound
+from runner import operations as ops
+from runner.operations import Env, is_unreachable
+from store import RunDocument, RunStatus, utcnow
+from tests.publisher.conftest import Nats, put_run, stream_messages
+
+POISON = b"\xff not a message"
+
+
+async def parked(env: Env) -> RunDocument:
+    return await put_run(
+        env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED", attempt=2
+    )
+
+
+async def record_for(dlq: DlqStore, run: RunDocument, seq: int) -> DlqRecord:
+    message = RunMessage(
+        run_id=run.run_id,
+        tenant=run.tenant,
+        attempt=run.attempt,
+        kind="launch",
+        published_at=utcnow(),
+    )
+    body, headers = encode(message)
+    return await dlq.put(
+        seq=seq,
+        body=body,
+        headers=headers,
+        reason="retries_exhausted",
+        run_id=run.run_id,
+        attempt=run.attempt,
+        num_delivered=2,
+    )
+
+
+async def poison(dlq: DlqStore, seq: int) -> DlqRecord:
+    return await dlq.put(seq=seq, body=POISON, headers={}, reason="malformed", replayable=False)
+
+
+async def ids_left(dlq: DlqStore) -> list[int]:
+    return [r.id for r in await dlq.list()]
+
+
+async def test_list_records_filters_by_reason_and_age(env: Env, dlq: DlqStore) -> None:
+    run = await parked(env)
+    await record_for(dlq, run, 11)
+    await poison(dlq, 12)
+
+    assert [r.id for r in await ops.list_records(env)] == [11, 12]
+    assert [r.id for r in await ops.list_records(env, reason="malformed")] == [12]
+    assert await ops.list_records(env, older_than=timedelta(hours=1)) == []
+
+
+async def test_show_record_decodes_the_body_where_it_can_and_reads_the_run(
+    env: Env, dlq: DlqStore
+) -> None:
+    run = await parked(env)
+    await record_for(dlq, run, 21)
+    await poison(dlq, 22)
+    gone = await put_run(env.store, status=RunStatus.FAILED_RESUMABLE)
+    await record_for(dlq, gone, 23)
+    await env.store.delete_run(gone.run_id)
+
+    good = await ops.show_record(env, 21)
+    assert good.message is not None and good.message.run_id == run.run_id
+    assert good.run is not None and good.run.failure_code == "DLQ_PARKED"
+    bad = await ops.show_record(env, 22)
+    assert (bad.message, bad.body, bad.run, bad.run_missing) == (None, POISON, None, False)
+    assert bad.undecodable
+    assert (await ops.show_record(env, 23)).run_missing
+    with pytest.raises(RecordNotFound):
+        await ops.show_record(env, 24)
+
+
+async def test_replay_records_replays_each_and_refuses_per_record(
+    env: Env, dlq: DlqStore, nats_conn: Nats, names: WireNames
+) -> None:
+    run = await parked(env)
+    await record_for(dlq, run, 31)
+    await poison(dlq, 32)
+
+    report = await ops.replay_records(env, None)
+
+    replayed, refused = report.outcomes
+    assert (replayed.record_id, replayed.replayed) == (31, True)
+    assert replayed.run is not None and replayed.run.attempt == 3
+    assert refused.record_id == 32 and refused.error is not None
+    assert refused.error.code == "record_not_replayable"
+    assert (report.stopped_by, report.not_attempted) == (None, ())
+    assert await ids_left(dlq) == [32]
+    assert len(await stream_messages(nats_conn.js, names)) == 1
+
+
+async def test_replay_records_stops_at_unreachable_infrastructure_and_keeps_every_record(
+    env: Env, dlq: DlqStore, nats_conn: Nats, names: WireNames
+) -> None:
+    first, second = await parked(env), await parked(env)
+    await record_for(dlq, first, 41)
+    await record_for(dlq, second, 42)
+    await nats_conn.js.delete_stream(names.runs_stream)
+
+    report = await ops.replay_records(env, [41, 42])
+
+    (failed,) = report.outcomes
+    assert failed.record_id == 41 and isinstance(failed.error, PublishFailed)
+    assert report.stopped_by is failed.error and is_unreachable(failed.error)
+    assert report.not_attempted == (42,)
+    assert await ids_left(dlq) == [41, 42]
+    assert (await env.store.get_run(second.run_id)).attempt == 2  # never touched
+
+
+async def test_select_then_purge_removes_only_the_selected_records(env: Env, dlq: DlqStore) -> None:
+    run = await parked(env)
+    await record_for(dlq, run, 51)
+    await poison(dlq, 52)
+    await poison(dlq, 53)
+
+    selected = await ops.select_records(env, None, reason="malformed")
+    assert [r.id for r in selected] == [52, 53]
+    assert [r.id for r in await ops.select_records(env, [51])] == [51]
+    with pytest.raises(RecordNotFound):
+        await ops.select_records(env, [59])
+
+    assert await ops.purge_records(env, [52, 53, 59]) == [52, 53]
+    assert await ids_left(dlq) == [51]
+
+
+async def test_an_operation_meeting_a_missing_stream_raises_stream_not_found(
+    env: Env, nats_conn: Nats, names: WireNames
+) -> None:
+    await nats_conn.js.delete_stream(names.dlq_stream)
+    for call in (
+        ops.list_records(env),
+        ops.show_record(env, 1),
+        ops.select_records(env, [1]),
+        ops.purge_records(env, [1]),
+    ):
+        with pytest.raises(StreamNotFound) as info:
+            await call
+        assert is_unreachable(info.value)
+        assert "runfleet streams ensure" in (info.value.remedy or "")

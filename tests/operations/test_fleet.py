@@ -1,0 +1,92 @@
+"""The fleet operations without the CLI (issue 20 item 2): streams ensure, one sweeper pass, and
+garbage collection in its two steps, against the real nats-server and a real SQLite store."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from publisher import DlqStore, RecordNotFound, WireNames, WireSettings
+from publisher.errors import NatsUnavailable
+from runner import operations as ops
+from runner.operations import Env
+from store import BlobNotFound, RunNotFound, RunStatus
+from tests.publisher.conftest import Nats, delete_streams, expired_lease, put_run
+
+
+async def test_ensure_wire_creates_the_streams_then_has_nothing_to_do(
+    wire: WireSettings, nats_conn: Nats, names: WireNames
+) -> None:
+    await delete_streams(nats_conn.js, names)
+
+    first = await ops.ensure_wire(wire)
+    again = await ops.ensure_wire(wire)
+
+    assert {names.runs_stream, names.advisory_stream, names.dlq_stream} <= set(first.created)
+    assert (again.created, again.updated) == ([], [])
+
+
+async def test_ensure_wire_with_nats_unreachable_is_nats_unavailable(
+    wire: WireSettings,
+) -> None:
+    with pytest.raises(NatsUnavailable):
+        await ops.ensure_wire(wire.model_copy(update={"nats_url": "nats://127.0.0.1:1"}))
+
+
+async def test_sweep_runs_one_pass_and_reports_its_actions(env: Env) -> None:
+    """A fleet run left `running` by a runner that vanished (lease expired, no copy on the
+    queue) is failed RUNNER_LOST and republished by the pass (SPEC §5.9)."""
+    lost = await put_run(env.store, status=RunStatus.RUNNING, lease=expired_lease())
+
+    result = await ops.sweep(env)
+
+    assert result.actions == {"runner_lost": 1}
+    after = await env.store.get_run(lost.run_id)
+    assert after.publication is not None and after.publication.attempt == after.attempt
+
+
+async def test_plan_then_collect_garbage_deletes_settled_runs_their_blobs_and_old_records(
+    env: Env, dlq: DlqStore
+) -> None:
+    old = await put_run(env.store, status=RunStatus.FINISHED)
+    live = await put_run(env.store, status=RunStatus.PAUSED_OPERATOR)
+    await env.blobs.put_bytes(f"runs/{old.run_id}/outputs/greet/1", b"x")
+    await dlq.put(seq=61, body=b"x", headers={}, reason="malformed", replayable=False)
+
+    none_yet = await ops.plan_gc(env, timedelta(days=1))
+    plan = await ops.plan_gc(env, timedelta(0))
+
+    assert none_yet.run_ids == ()
+    assert plan.run_ids == (old.run_id,)  # the paused run is not settled: never collected
+    report = await ops.collect_garbage(env, plan)
+    assert (report.runs, report.dlq_records, report.dlq_error) == (1, 1, None)
+    with pytest.raises(RunNotFound):
+        await env.store.get_run(old.run_id)
+    with pytest.raises(BlobNotFound):
+        await env.blobs.get_bytes(f"runs/{old.run_id}/outputs/greet/1")
+    with pytest.raises(RecordNotFound):
+        await dlq.get(61)
+    assert (await env.store.get_run(live.run_id)).status is RunStatus.PAUSED_OPERATOR
+
+
+async def test_collect_garbage_with_nats_unreachable_still_collects_runs_and_says_why(
+    env: Env,
+) -> None:
+    old = await put_run(env.store, status=RunStatus.CANCELLED)
+    plan = await ops.plan_gc(env, timedelta(0))
+    unreachable = Env(
+        env.settings,
+        env.engine,
+        env.store,
+        env.blobs,
+        env.client,
+        env.wire().model_copy(update={"nats_url": "nats://127.0.0.1:1"}),
+    )
+
+    report = await ops.collect_garbage(unreachable, plan)
+
+    assert report.runs == 1
+    assert isinstance(report.dlq_error, NatsUnavailable)
+    with pytest.raises(RunNotFound):
+        await env.store.get_run(old.run_id)

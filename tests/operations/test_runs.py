@@ -1,0 +1,144 @@
+"""The run operations without the CLI (issue 20 item 2): each against a real SQLite store and
+the real nats-server, returning its typed value or raising its typed error."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import AnswersInvalid
+from engine.refusals import RunNotResumable
+from engine.resume import ResumeRequest
+from publisher import WireNames, decode
+from runner import operations as ops
+from runner.operations import Env, is_refusal
+from store import Checkpoint, Event, RunNotFound, RunStatus
+from tests.publisher.conftest import Nats, example, put_run, stream_messages
+
+
+async def test_launch_queues_a_run_and_its_publication_is_on_the_work_stream(
+    env: Env, nats_conn: Nats, names: WireNames
+) -> None:
+    run = await ops.launch(env, example("hello.yaml"), {"name": "Ada"})
+
+    assert (run.status, run.attempt, run.tenant) == (RunStatus.QUEUED, 1, "default")
+    (message,) = await stream_messages(nats_conn.js, names)
+    decoded = decode(message.data or b"", message.headers)
+    assert (decoded.run_id, decoded.attempt, decoded.kind) == (run.run_id, 1, "launch")
+    assert run.publication is not None and run.publication.stream_seq == message.seq
+
+
+async def test_run_local_executes_the_workflow_in_process_to_its_outcome(env: Env) -> None:
+    seen: list[Event] = []
+    run = await ops.run_local(env, example("hello.yaml"), {"name": "Ada"}, on_event=seen.append)
+
+    assert run.status is RunStatus.FINISHED
+    assert run.checkpoint is not None and run.checkpoint.outputs["greet"] == "hello Ada"
+    assert "run_finished" in {e.type for e in seen}
+    assert (await ops.get_run(env, run.run_id)).status is RunStatus.FINISHED
+
+
+async def test_get_run_of_an_unknown_run_is_the_typed_refusal_run_not_found(env: Env) -> None:
+    with pytest.raises(RunNotFound) as info:
+        await ops.get_run(env, "no-such-run")
+    assert info.value.code == "run_not_found"
+    assert is_refusal(info.value)
+
+
+async def test_list_runs_filters_by_status_code_and_tenant_and_pages(env: Env) -> None:
+    parked = [
+        await put_run(env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED")
+        for _ in range(3)
+    ]
+    await put_run(env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="OTHER")
+    await put_run(env.store, status=RunStatus.PAUSED_OPERATOR)
+    await put_run(
+        env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED", tenant="other"
+    )
+
+    first = await ops.list_runs(
+        env, statuses=[RunStatus.FAILED_RESUMABLE], failure_codes=["DLQ_PARKED"], limit=2
+    )
+    rest = await ops.list_runs(
+        env,
+        statuses=[RunStatus.FAILED_RESUMABLE],
+        failure_codes=["DLQ_PARKED"],
+        limit=2,
+        after=first.next_after,
+    )
+    assert [r.run_id for r in [*first.runs, *rest.runs]] == [r.run_id for r in parked]
+    assert rest.next_after is None
+    other = await ops.list_runs(env, tenant="other")
+    assert [r.tenant for r in other.runs] == ["other"]
+
+
+async def test_event_batches_reads_a_runs_events_and_follow_ends_once_it_settled(
+    env: Env,
+) -> None:
+    run = await ops.run_local(env, example("hello.yaml"), {})
+
+    batches = [b async for b in ops.event_batches(env, run.run_id)]
+    followed = [b async for b in ops.event_batches(env, run.run_id, follow=True)]
+    later = [b async for b in ops.event_batches(env, run.run_id, after=2)]
+
+    events = [e for batch in batches for e in batch]
+    assert events[0].type == "run_launched" and events[-1].type == "run_finished"
+    assert [e.seq for b in followed for e in b] == [e.seq for e in events]
+    assert [e.seq for b in later for e in b] == [e.seq for e in events if e.seq > 2]
+    with pytest.raises(RunNotFound):
+        _ = [b async for b in ops.event_batches(env, "no-such-run")]
+
+
+async def test_resume_queues_a_paused_run_as_its_next_attempt_on_the_stream(
+    env: Env, nats_conn: Nats, names: WireNames
+) -> None:
+    run = await put_run(
+        env.store,
+        status=RunStatus.PAUSED_OPERATOR,
+        checkpoint=Checkpoint(progress=2, completed=["greet"], restart_node="summarize"),
+    )
+    resumed = await ops.resume(env, run.run_id, ResumeRequest())
+
+    assert (resumed.status, resumed.attempt) == (RunStatus.QUEUED, 2)
+    (message,) = await stream_messages(nats_conn.js, names)
+    assert (message.headers or {})["Nats-Msg-Id"] == f"{run.run_id}:2"
+
+
+async def test_resume_of_a_finished_run_is_refused_run_not_resumable(env: Env) -> None:
+    run = await put_run(env.store, status=RunStatus.FINISHED)
+    with pytest.raises(RunNotResumable) as info:
+        await ops.resume(env, run.run_id, ResumeRequest())
+    assert info.value.remedy
+
+
+async def test_resume_local_answers_a_waiting_run_in_process(env: Env) -> None:
+    waiting = await ops.run_local(env, example("approval.yaml"), {})
+    assert waiting.status is RunStatus.PAUSED_WAITING_HUMAN
+
+    with pytest.raises(AnswersInvalid):
+        await ops.resume_local(
+            env, waiting.run_id, ResumeRequest(cli_answers={"approved": "maybe"})
+        )
+    done = await ops.resume_local(
+        env, waiting.run_id, ResumeRequest(cli_answers={"approved": "yes"})
+    )
+    assert (done.status, done.attempt) == (RunStatus.FINISHED, 2)
+
+
+async def test_cancel_of_a_queued_run_cancels_it_directly(env: Env) -> None:
+    run = await ops.launch(env, example("hello.yaml"), {})
+    cancelled = await ops.cancel(env, run.run_id)
+    assert cancelled.status is RunStatus.CANCELLED
+    with pytest.raises(RunNotFound):
+        await ops.cancel(env, run.run_id, tenant="other")  # another tenant's run is not here
+
+
+async def test_rewind_moves_the_checkpoint_back_and_parks_the_run_paused_operator(
+    env: Env,
+) -> None:
+    waiting = await ops.run_local(env, example("approval.yaml"), {})
+    result = await ops.rewind(env, waiting.run_id, "prepare")
+
+    assert result.run.status is RunStatus.PAUSED_OPERATOR
+    assert result.run.checkpoint is not None
+    assert result.run.checkpoint.restart_node == "prepare"
+    assert "prepare" in result.dropped
