@@ -802,7 +802,12 @@ class Soak:
         return [
             rp
             for rp in self.runners
-            if rp.ready and rp.proc.poll() is None and rp.index not in self.protected
+            # `expected_exit` is set just before a signal is sent: a runner SIGKILLed a moment
+            # ago may not be reaped yet (`poll()` still None), and must not be drained.
+            if rp.ready
+            and not rp.expected_exit
+            and rp.proc.poll() is None
+            and rp.index not in self.protected
         ]
 
     async def killer(self) -> None:

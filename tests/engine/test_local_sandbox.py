@@ -415,3 +415,25 @@ async def test_start_refuses_names_that_are_not_path_safe(
         "sandbox_start_failed",
         "SANDBOX_START_FAILED",
     )
+
+
+def test_watchdog_whose_runner_died_before_reading_ready_cleans_up_quietly(tmp_path: Path) -> None:
+    """The runner died between spawning the watchdog and reading its greeting: the write hits
+    a closed pipe. The watchdog goes straight to its cleanup and exits 0, no traceback."""
+    from engine.sandbox.local.watchdog import WATCHDOG_MODULE
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read "ready"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", WATCHDOG_MODULE, str(tmp_path / "absent.json")],
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0
+    assert b"Traceback" not in proc.stderr

@@ -88,9 +88,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The terminal's ^C / hang-up are for the runner; only the pipe tells this process to act.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    _wait_for_eof(sys.stdin.fileno())
+    try:
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The runner died before it read the greeting: its pipe is already closed, so go
+        # straight to the cleanup (quietly: a dead runner is this process's normal cue).
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    else:
+        _wait_for_eof(sys.stdin.fileno())
     try:
         record = read_record(record_path)
     except SandboxRecordCorrupt as e:
