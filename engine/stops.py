@@ -42,10 +42,16 @@ class RunStops:
     async def _pause_for_human(self, node_id: str, node: HumanNode) -> Outcome:
         cp = self.checkpoint
         questions = [q.model_dump() for q in node.questions]
+        message = self._render_prompt(node.message)
         interaction_id = f"{self.run_id}:{node_id}:{cp.progress}"
         cp.restart_node = node_id
         cp.outputs.pop(node_id, None)
-        cp.pending_interaction = {"id": interaction_id, "node": node_id, "questions": questions}
+        cp.pending_interaction = {
+            "id": interaction_id,
+            "node": node_id,
+            "message": message,
+            "questions": questions,
+        }
         await self.writer.write_checkpoint(cp)
         await self.store.put_interaction(
             Interaction(
@@ -58,8 +64,20 @@ class RunStops:
                 created_at=utcnow(),
             )
         )
-        await self.events.emit("human_input_requested", node=node_id, questions=questions)
+        await self.events.emit(
+            "human_input_requested", node=node_id, message=message, questions=questions
+        )
         return Paused("human", node_id)
+
+    def _render_prompt(self, template: str) -> str:
+        """The human node's `message` as the person will read it (templates filled in; the
+        raw text when it cannot render, so the pause is never lost to a typo)."""
+        if not template:
+            return ""
+        try:
+            return render(template, self.scope(), shell=False)
+        except TemplateError:
+            return template
 
     async def _deliberate_failure(self, node_id: str, node: FailNode) -> Outcome:
         cp = self.checkpoint

@@ -7,13 +7,13 @@ from typing import Any
 
 import click
 
-from store import Event, RunDocument
+from store import Event, RunDocument, RunStatus
 
 
 def run_view(doc: RunDocument) -> dict[str, Any]:
     """The `--json` shape of a run (SPEC §10 fields first, then what an operator needs)."""
     cp = doc.checkpoint
-    pending = cp.pending_interaction if cp else None
+    prompt = human_prompt(doc)
     return {
         "run_id": doc.run_id,
         "status": str(doc.status),
@@ -28,13 +28,43 @@ def run_view(doc: RunDocument) -> dict[str, Any]:
         "cause_code": doc.cause_code,
         "restart_node": cp.restart_node if cp else None,
         "outputs": cp.outputs if cp else {},
-        "pending_questions": pending.get("questions") if pending else None,
+        "pending_questions": prompt["questions"] if prompt else None,
+        "prompt": prompt,
+        "queued_resume": queued_resume(doc),
         "budget": doc.budget.model_dump(),
         "usage": cp.usage.model_dump() if cp else None,
         "lease": None
         if doc.lease is None
         else {"owner": doc.lease.owner, "expires_at": doc.lease.expires_at.isoformat()},
         "cancel_requested": doc.cancel_requested,
+    }
+
+
+def human_prompt(doc: RunDocument) -> dict[str, Any] | None:
+    """What the run asks a person, only while it waits for the answer: a cancelled or
+    rewound run keeps the interaction in its checkpoint, but nothing is pending then."""
+    cp = doc.checkpoint
+    pending = cp.pending_interaction if cp else None
+    if not pending or doc.status is not RunStatus.PAUSED_WAITING_HUMAN:
+        return None
+    return {
+        "node": pending.get("node"),
+        "message": pending.get("message", ""),
+        "questions": pending.get("questions", []),
+    }
+
+
+def queued_resume(doc: RunDocument) -> dict[str, Any] | None:
+    """The resume a queued run carries (its attempt's request), so `resume` can say what it
+    queued rather than what the run was waiting for."""
+    spec = doc.resume_spec
+    if doc.status is not RunStatus.QUEUED or spec is None or spec.attempt != doc.attempt:
+        return None
+    return {
+        "kind": spec.kind,
+        "from_status": str(spec.prior_status),
+        "answers": spec.answers,
+        "budget": spec.budget.model_dump(exclude_none=True) if spec.budget else None,
     }
 
 
@@ -51,11 +81,15 @@ def echo_run(doc: RunDocument) -> None:
         click.echo(f"failure   {v['failure_code']}: {v['error']}")
     if v["restart_node"]:
         click.echo(f"at node   {v['restart_node']}")
-    if v["pending_questions"]:
-        click.echo("waiting for answers:")
-        for q in v["pending_questions"]:
+    if v["prompt"]:
+        if v["prompt"]["message"]:
+            click.echo(f"asks      {v['prompt']['message']}")
+        click.echo("waiting for answers (runfleet resume RUN --answer NAME=VALUE ...):")
+        for q in v["prompt"]["questions"]:
             req = "" if q.get("required", True) else " (optional)"
-            click.echo(f"  {q['name']}: {q['type']}{req}  {q.get('description', '')}")
+            click.echo(f"  {q['name']}: {q['type']}{req}  {q.get('description', '')}".rstrip())
+    if v["queued_resume"]:
+        click.echo(f"queued    {_describe_resume(v['queued_resume'])}")
     if v["usage"]:
         u = v["usage"]
         click.echo(
@@ -66,8 +100,31 @@ def echo_run(doc: RunDocument) -> None:
         click.echo(f"  {node} = {text if len(text) <= 200 else text[:197] + '...'}")
 
 
+def _describe_resume(spec: dict[str, Any]) -> str:
+    what = f"{spec['kind']} from {spec['from_status']}"
+    if spec["answers"]:
+        pairs = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in spec["answers"].items())
+        what += f" with answers {pairs}"
+    if spec["budget"]:
+        what += " with budget " + ", ".join(f"{k}={v}" for k, v in spec["budget"].items())
+    return what + "; a runner picks it up"
+
+
 def event_line(event: Event) -> str:
     data = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in event.data.items())
     if event.type == "node_output":
         return f"  {event.data.get('node')}| {str(event.data.get('text', '')).rstrip()}"
+    if event.type == "human_input_requested":
+        data = _prompt_line(event.data)
     return f"{event.at.strftime('%H:%M:%S')} #{event.seq:<4} {event.type:<24} {data}"
+
+
+def _prompt_line(data: dict[str, Any]) -> str:
+    """`node=review asks "Approve?" questions: approved (bool), note (string, optional)`."""
+    names = []
+    for q in data.get("questions") or []:
+        opt = "" if q.get("required", True) else ", optional"
+        desc = f": {q['description']}" if q.get("description") else ""
+        names.append(f"{q.get('name')} ({q.get('type')}{opt}){desc}")
+    asks = f" asks {json.dumps(data['message'])}" if data.get("message") else ""
+    return f"node={data.get('node')}{asks} questions: {'; '.join(names)}"
