@@ -10,6 +10,7 @@ import click
 
 from runner.cli import fleet, runs
 from runner.cli.dlq import dlq_group
+from runner.cli.validate import validate_cmd
 
 
 @click.group()
@@ -24,6 +25,7 @@ def cli() -> None:
 
 for _command in (
     runs.run_cmd,
+    validate_cmd,
     runs.launch_cmd,
     runs.resume_cmd,
     runs.cancel_cmd,

@@ -1,0 +1,145 @@
+"""`runfleet validate FILE` (SPEC v2.2 §10): load and check a workflow with no fleet and no
+store, and print what the loader understood — the nodes, the edges, the vars — so a person
+writing a workflow sees the graph the engine will walk before anything runs.
+
+The checks are the loader's own (the same ones `launch` and `run` apply, SPEC §6.1): a file that
+loads here loads there. An invalid file exits 3 like every refusal, listing every problem with
+its file, field and line, not only the first.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine.errors import WorkflowInvalid
+from engine.loader import LoadedWorkflow, load_workflow_file
+from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, Node, ToolNode, Workflow
+from runner.cli.errors import EXIT_REFUSED
+from runner.cli.runtime import command, json_option
+from runner.cli.views import echo_json
+
+
+@click.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+@command
+async def validate_cmd(file: Path, as_json: bool) -> None:
+    """Load and check a workflow file (no fleet, no store); print its nodes and edges.
+
+    Exit 0 when the file loads, 3 when it does not (each problem names the file, the field and
+    the line).
+
+    Example: runfleet validate examples/approval.yaml
+    """
+    try:
+        loaded = load_workflow_file(file)
+    except WorkflowInvalid as exc:
+        _refuse(exc, as_json=as_json)
+    if as_json:
+        echo_json(workflow_view(loaded))
+    else:
+        for line in describe(loaded):
+            click.echo(line)
+
+
+def _refuse(exc: WorkflowInvalid, *, as_json: bool) -> None:
+    problems = [
+        {"file": exc.file, "field": p.field, "line": p.line, "message": p.message}
+        for p in exc.problems
+    ]
+    if as_json:
+        echo_json({"valid": False, "error": {**exc.to_dict(), "problems": problems}})
+    else:
+        click.echo(f"error [{exc.code}]: {exc.file} does not load", err=True)
+        for p in problems:
+            where = f"{p['field']}: " if p["field"] else ""
+            click.echo(f"  {p['file']}:{p['line']}: {where}{p['message']}", err=True)
+        click.echo(f"  remedy: {exc.remedy}", err=True)
+    sys.exit(EXIT_REFUSED)
+
+
+def unreachable(workflow: Workflow) -> list[str]:
+    """Nodes no path from `entry` reaches: loadable, but they can never run."""
+    seen = {workflow.entry}
+    todo = [workflow.entry]
+    while todo:
+        for nxt in workflow.successors(todo.pop()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return [n for n in workflow.nodes if n not in seen]
+
+
+def workflow_view(loaded: LoadedWorkflow) -> dict[str, Any]:
+    wf = loaded.workflow
+    return {
+        "valid": True,
+        "file": loaded.filename,
+        "name": wf.name,
+        "description": wf.description,
+        "source_hash": loaded.source_hash,
+        "entry": wf.entry,
+        "vars": {name: spec.model_dump() for name, spec in wf.vars.items()},
+        "budget": wf.budget.model_dump(exclude_none=True),
+        "sandbox": wf.sandbox.model_dump(),
+        "nodes": [{"id": nid, **node.model_dump()} for nid, node in wf.nodes.items()],
+        "edges": [e.model_dump(by_alias=True, exclude_none=True) for e in wf.edges],
+        "unreachable": unreachable(wf),
+    }
+
+
+def describe(loaded: LoadedWorkflow) -> list[str]:
+    wf = loaded.workflow
+    lines = [
+        f"workflow  {wf.name}  ({loaded.filename}, sha256 {loaded.source_hash[:12]})",
+        f"entry     {wf.entry}",
+    ]
+    for name, spec in wf.vars.items():
+        default = "" if spec.default is None else f" = {spec.default!r}"
+        lines.append(f"var       {name}: {spec.type}{default}")
+    budget = wf.budget.model_dump(exclude_none=True)
+    if budget:
+        lines.append("budget    " + ", ".join(f"{k}={v}" for k, v in budget.items()))
+    lines.append(f"sandbox   {wf.sandbox.driver or 'RUNFLEET_SANDBOX (default local)'}")
+    width = max(len(n) for n in wf.nodes)
+    lines.append(f"nodes ({len(wf.nodes)}):")
+    for nid, node in wf.nodes.items():
+        lines.append(f"  {nid:<{width}}  {node.kind:<8} {_summary(node)}".rstrip())
+    lines.append(f"edges ({len(wf.edges)}):")
+    for e in wf.edges:
+        extra = f"  when {e.when}" if e.when else ""
+        if e.loop:
+            extra += f"  loop {e.loop.name} max {e.loop.max}"
+        lines.append(f"  {e.from_} -> {e.to}{extra}")
+    for nid in unreachable(wf):
+        lines.append(f"warning: node {nid!r} is not reachable from entry {wf.entry!r}")
+    lines.append(f"ok: {loaded.filename} loads ({len(wf.nodes)} nodes, {len(wf.edges)} edges)")
+    return lines
+
+
+def _summary(node: Node) -> str:
+    if isinstance(node, ToolNode):
+        retry = f", retry {node.retry.max}" if node.retry else ""
+        return f"run {_short(node.run)} (output {node.output}, timeout {node.timeout:g}s{retry})"
+    if isinstance(node, ComputeNode):
+        return "set " + ", ".join(node.set)
+    if isinstance(node, HumanNode):
+        asks = f"asks {_short(node.message)}; " if node.message else ""
+        qs = ", ".join(
+            f"{q.name} ({q.type}{'' if q.required else ', optional'})" for q in node.questions
+        )
+        return f"{asks}questions {qs}"
+    if isinstance(node, CallNode):
+        return f"call {node.function} (timeout {node.timeout:g}s)"
+    assert isinstance(node, FailNode)
+    resumable = " (resumable)" if node.resumable else ""
+    return f"fail {node.code}{resumable}"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    one = " ".join(text.split())
+    return repr(one if len(one) <= limit else one[: limit - 3] + "...")
