@@ -2,26 +2,52 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, FilePath, field_validator, model_validator
 
+from store.settings import (
+    EXISTING_FILE,
+    DataDir,
+    RunfleetSettings,
+    SettingsRelation,
+    env_name,
+    format_duration,
+)
 from store.timeutil import Duration
+
+_NATS_URL = re.compile(r"^(nats|tls|ws|wss)://\S+$")
+
+
+def split_servers(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
 
 NATS_URL_FILE = "nats.url"
 """Written by `runfleet up` under RUNFLEET_DATA so every other command finds the local fleet."""
 
 
-class WireSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RUNFLEET_", extra="ignore")
-
-    data: Path = Path(".runfleet")
-    nats_url: str | None = None
-    nats_creds: Path | None = Field(default=None, description="NATS credentials file")
-    nats_tls_ca: Path | None = Field(default=None, description="CA bundle for NATS TLS")
-    namespace: str = Field(default="", pattern=r"^[A-Za-z0-9_-]*$")
+class WireSettings(RunfleetSettings):
+    data: DataDir = Path(".runfleet")
+    nats_url: str | None = Field(
+        default=None,
+        json_schema_extra={
+            "accepted": "a NATS URL such as nats://127.0.0.1:4222, or several, comma-separated"
+        },
+    )
+    nats_creds: FilePath | None = Field(
+        default=None, description="NATS credentials file", json_schema_extra=EXISTING_FILE
+    )
+    nats_tls_ca: FilePath | None = Field(
+        default=None, description="CA bundle for NATS TLS", json_schema_extra=EXISTING_FILE
+    )
+    namespace: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_-]*$",
+        json_schema_extra={"accepted": "letters, digits, '_' and '-' only (or empty)"},
+    )
     stream_replicas: int = Field(default=1, ge=1, le=5)
     max_deliver: int = Field(default=10, ge=2)
     lease_ttl: Duration = timedelta(seconds=30)
@@ -33,25 +59,62 @@ class WireSettings(BaseSettings):
     publish_retry_budget: Duration = timedelta(seconds=20)
     sweeper_grace: Duration = timedelta(seconds=60)
     sweeper_interval: Duration = timedelta(seconds=30)
+    delivery_log_ttl: Duration = Field(
+        default=timedelta(days=7),
+        gt=timedelta(0),
+        description="max age of the delivery log (SPEC v2.2 §10b)",
+    )
 
     @model_validator(mode="after")
     def _relations(self) -> WireSettings:
+        """SPEC §12's relations, each naming the variables it relates."""
+        budget, grace = env_name("publish_retry_budget"), env_name("sweeper_grace")
         if self.publish_retry_budget >= self.sweeper_grace:
-            raise ValueError(
-                "RUNFLEET_PUBLISH_RETRY_BUDGET must be shorter than RUNFLEET_SWEEPER_GRACE"
-                " (else the sweeper republishes while a publish is still being retried)"
+            raise SettingsRelation(
+                ("publish_retry_budget", "sweeper_grace"),
+                f"{budget} must be shorter than {grace} (else the sweeper republishes while a"
+                " publish is still being retried)",
+                f"lower {budget} below {format_duration(self.sweeper_grace)}, or raise {grace}"
+                f" above {format_duration(self.publish_retry_budget)}",
             )
-        if self.ack_wait is not None and self.ack_wait < self.lease_ttl + self.lease_skew:
-            raise ValueError(
-                "RUNFLEET_ACK_WAIT must be >= RUNFLEET_LEASE_TTL + RUNFLEET_LEASE_SKEW"
+        floor = self.lease_ttl + self.lease_skew
+        if self.ack_wait is not None and self.ack_wait < floor:
+            ack, ttl, skew = (env_name(f) for f in ("ack_wait", "lease_ttl", "lease_skew"))
+            raise SettingsRelation(
+                ("ack_wait", "lease_ttl", "lease_skew"),
+                f"{ack} must be at least {ttl} + {skew} ({format_duration(floor)})",
+                f"raise {ack} to {format_duration(floor)} or more, or unset it (default"
+                f" {ttl} + {skew})",
             )
+        window, interval = env_name("duplicate_window"), env_name("sweeper_interval")
         if self.duplicate_window <= self.sweeper_grace + self.sweeper_interval:
-            raise ValueError("the duplicate window must outlast the sweeper's grace + interval")
+            least = format_duration(self.sweeper_grace + self.sweeper_interval)
+            raise SettingsRelation(
+                ("duplicate_window", "sweeper_grace", "sweeper_interval"),
+                f"{window} must outlast {grace} + {interval} ({least})",
+                f"raise {window} above {least}, or lower {grace} or {interval}",
+            )
         return self
 
     @property
     def effective_ack_wait(self) -> timedelta:
         return self.ack_wait or self.lease_ttl + self.lease_skew
+
+    @field_validator("nats_url")
+    @classmethod
+    def _servers_given(cls, value: str | None) -> str | None:
+        if value is not None:
+            for url in split_servers(value):
+                if not _NATS_URL.match(url):
+                    raise ValueError(f"{url!r} is not a nats://, tls://, ws:// or wss:// URL")
+        return value
+
+    def nats_servers(self) -> list[str]:
+        """The server list (`RUNFLEET_NATS_URL` may name a cluster's servers, comma-separated)."""
+        servers = split_servers(self.effective_nats_url())
+        if not servers:
+            raise ValueError(f"no server in RUNFLEET_NATS_URL {self.nats_url!r}")
+        return servers
 
     def effective_nats_url(self) -> str:
         if self.nats_url:

@@ -3,6 +3,10 @@
 nats-py applies `max_reconnect_attempts` to the *initial* connect too: with -1 (reconnect
 forever, what a long-lived runner wants) an unreachable server would hang every command. So the
 first connect gets a few attempts, and only once connected is reconnecting made unbounded.
+
+`RUNFLEET_NATS_URL` may list a cluster's servers, comma-separated: all of them go to the client,
+which connects to one and, when it is lost, reconnects to any other (servers the cluster
+advertises are added to that pool as well).
 """
 
 from __future__ import annotations
@@ -24,9 +28,8 @@ INITIAL_CONNECT_ATTEMPTS = 3
 async def connect(
     settings: WireSettings, *, name: str = "runfleet"
 ) -> tuple[Client, JetStreamContext]:
-    url = settings.effective_nats_url()
     options: dict[str, object] = {
-        "servers": [url],
+        "servers": settings.nats_servers(),
         "name": name,
         "connect_timeout": 2,
         "max_reconnect_attempts": INITIAL_CONNECT_ATTEMPTS,
@@ -43,7 +46,8 @@ async def connect(
     try:
         nc = await nats.connect(**options)  # type: ignore[arg-type]
     except (OSError, TimeoutError, nats.errors.Error) as exc:
-        raise NatsUnavailable(f"cannot reach NATS at {redact(url)}: {exc!r}") from exc
+        where = ",".join(redact(u) for u in settings.nats_servers())
+        raise NatsUnavailable(f"cannot reach NATS at {where}: {exc!r}") from exc
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on, never give up
     return nc, nc.jetstream()
 

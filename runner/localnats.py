@@ -7,6 +7,9 @@ start lets the server pick a free port (`-p -1`) and reads it from the ports fil
 `start()` then restart the same server on the same port and store directory, so a test can make
 publishes fail and watch a client reconnect to the same JetStream data. Starting blocks (it polls
 the ports file with a deadline): call it from a thread in async code.
+
+A cluster node (`runner.localcluster`) is the same process with a port chosen up front (its peers'
+routes must name it before it starts) and the cluster flags in `extra_args`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 _START_TIMEOUT_S = 15.0
@@ -46,12 +50,20 @@ def find_nats_server() -> Path:
 class NatsServer:
     """One `nats-server -js` process that can be stopped and started again in place."""
 
-    def __init__(self, work_dir: Path, *, binary: Path | None = None) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        *,
+        binary: Path | None = None,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.binary = binary or find_nats_server()
         self.work_dir = work_dir
         self.store_dir = work_dir / "jetstream"
         self.log_path = work_dir / "nats-server.log"
-        self.port: int | None = None
+        self.port: int | None = port
+        self.extra_args = tuple(extra_args)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,6 +98,7 @@ class NatsServer:
             port,
             "--ports_file_dir",
             str(self.work_dir),
+            *self.extra_args,
         ]
         with self.log_path.open("ab") as log:
             # Its own session: a terminal's Ctrl-C goes to the whole foreground process group,
@@ -105,11 +118,30 @@ class NatsServer:
         """SIGTERM, wait, SIGKILL if it does not exit in time. A no-op if not running."""
         proc, self._proc = self._proc, None
         if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
             self._terminate(proc, timeout)
 
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed broker node: no shutdown, no leadership handed over."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the process stays, its sockets stay open, and it answers nothing."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
 
     def _wait_for_port(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
         ports_file = self.work_dir / f"{self.binary.name}_{proc.pid}.ports"

@@ -1,0 +1,128 @@
+"""The fleet's wire on a three-node JetStream cluster (SPEC §3: replicas 3 in production; §11):
+every stream and consumer `ensure_streams` creates is replicated on all three servers, and the
+client given the cluster's server list (`RUNFLEET_NATS_URL`, comma-separated) carries on
+through the loss of the server it was connected to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+
+from publisher.config import WireSettings
+from publisher.connection import connect
+from publisher.streams import ensure_streams
+from publisher.wire import HDR_MSG_ID, WireNames
+from tests.support.nats_cluster import Cluster, nats_cluster
+
+__all__ = ["nats_cluster"]  # the module-scoped fixture, imported for this module's tests
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def wire(cluster: Cluster, namespace: str) -> WireSettings:
+    return WireSettings(nats_url=cluster.url, namespace=namespace, stream_replicas=3)
+
+
+def test_nats_url_accepts_a_comma_separated_server_list() -> None:
+    s = WireSettings(nats_url=" nats://127.0.0.1:1 ,nats://127.0.0.1:2,, nats://127.0.0.1:3")
+    assert s.nats_servers() == ["nats://127.0.0.1:1", "nats://127.0.0.1:2", "nats://127.0.0.1:3"]
+    assert WireSettings(nats_url="nats://h:4222").nats_servers() == ["nats://h:4222"]
+    with pytest.raises(ValueError, match="no server"):
+        WireSettings(nats_url=" , ").nats_servers()
+
+
+async def test_the_cluster_is_three_ready_servers_with_a_meta_leader(
+    nats_cluster: Cluster,
+) -> None:
+    assert [nats_cluster.health(k) for k in range(3)] == ["ok"] * 3
+    async with nats_cluster.client() as (_, js):
+        info = await js.account_info()  # answered only through a meta leader
+        assert info.limits is not None
+
+
+async def test_ensure_streams_creates_every_stream_and_consumer_with_three_replicas(
+    nats_cluster: Cluster, nats_prefix: str
+) -> None:
+    settings = wire(nats_cluster, nats_prefix)
+    nc, js = await connect(settings, name="test-ensure")
+    try:
+        report = await ensure_streams(js, WireNames(nats_prefix), settings)
+        streams = [name for name in report.created if "/" not in name]
+        consumers = [name.split("/") for name in report.created if "/" in name]
+        assert len(streams) >= 3 and len(consumers) >= 2, report
+        for stream in streams:
+            info = await js.stream_info(stream)
+            assert info.config.num_replicas == 3, stream
+            assert info.cluster is not None and info.cluster.leader, stream
+            peers = {p.name for p in info.cluster.replicas or []} | {info.cluster.leader}
+            assert peers == {"n1", "n2", "n3"}, (stream, info.cluster)
+        for stream, consumer in consumers:
+            cinfo = await js.consumer_info(stream, consumer)
+            assert cinfo.cluster is not None and cinfo.cluster.leader, consumer
+            peers = {p.name for p in cinfo.cluster.replicas or []} | {cinfo.cluster.leader}
+            assert peers == {"n1", "n2", "n3"}, (consumer, cinfo.cluster)
+        again = await ensure_streams(js, WireNames(nats_prefix), settings)
+        assert (again.created, again.updated) == ([], [])  # idempotent on the cluster too
+    finally:
+        await nc.close()
+
+
+async def test_the_client_continues_on_another_server_when_its_server_is_killed(
+    nats_cluster: Cluster, nats_prefix: str
+) -> None:
+    settings = wire(nats_cluster, nats_prefix)
+    names = WireNames(nats_prefix)
+    nc, js = await connect(settings, name="test-failover")
+    killed: int | None = None
+    try:
+        await ensure_streams(js, names, settings)
+        psub = await js.pull_subscribe_bind(names.consumer, stream=names.runs_stream)
+        await js.publish(names.runs_subject, b"before", headers={HDR_MSG_ID: "m:1"})
+        assert nc.connected_url is not None
+        killed = nats_cluster.index_of_url(nc.connected_url.geturl())
+        reconnected = asyncio.Event()
+        nc._reconnected_cb = _set(reconnected)
+        await asyncio.to_thread(nats_cluster.kill, killed)
+
+        await asyncio.wait_for(reconnected.wait(), timeout=15)
+        assert nc.is_connected and nc.connected_url is not None
+        assert nats_cluster.index_of_url(nc.connected_url.geturl()) != killed
+        # A publish right after a leader loss may time out while the stream elects; its retry
+        # carries the same msg id, so a stored first try answers as a duplicate, never twice.
+        ack = await _publish_until_acked(js, names.runs_subject, b"after", "m:2", within=15)
+        info = await js.stream_info(names.runs_stream)
+        assert info.state.messages == 2 and ack.seq == 2
+        got = await psub.fetch(2, timeout=10)
+        assert sorted(m.data for m in got) == [b"after", b"before"]
+        for m in got:
+            await m.ack_sync()
+    finally:
+        await nc.close()
+        if killed is not None:
+            await asyncio.to_thread(nats_cluster.restart, killed)
+
+
+def _set(event: asyncio.Event) -> Callable[[], Awaitable[None]]:
+    async def cb() -> None:
+        event.set()
+
+    return cb
+
+
+async def _publish_until_acked(
+    js: JetStreamContext, subject: str, data: bytes, msg_id: str, *, within: float
+) -> PubAck:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await js.publish(subject, data, headers={HDR_MSG_ID: msg_id}, timeout=2)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # the pause between two tries, not a synchronisation
