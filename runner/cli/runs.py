@@ -20,6 +20,7 @@ from runner.cli.options import (
 from runner.cli.runtime import command, json_option
 from runner.cli.views import echo_json, echo_run, event_line, run_view
 from runner.operations import open_env
+from runner.operations.retry_wait import waiting_retry
 from store import Event, RunStatus
 from store.timeutil import parse_duration
 
@@ -138,7 +139,8 @@ async def status_cmd(run_id: str, as_json: bool) -> None:
     """Show one run."""
     async with open_env() as env:
         doc = await ops.get_run(env, run_id)
-    echo_json(run_view(doc)) if as_json else echo_run(doc)
+        retry = await waiting_retry(env, doc)
+    echo_json(run_view(doc, retry)) if as_json else echo_run(doc, retry)
 
 
 @click.command("runs")

@@ -7,11 +7,13 @@ from typing import Any
 
 import click
 
+from runner.operations.retry_wait import RetryWait
 from store import Event, RunDocument, RunStatus
 
 
-def run_view(doc: RunDocument) -> dict[str, Any]:
-    """The `--json` shape of a run (SPEC §10 fields first, then what an operator needs)."""
+def run_view(doc: RunDocument, retry: RetryWait | None = None) -> dict[str, Any]:
+    """The `--json` shape of a run (SPEC §10 fields first, then what an operator needs);
+    `retry` is the automatic retry it waits for, when the caller looked it up (`status`)."""
     cp = doc.checkpoint
     prompt = human_prompt(doc)
     return {
@@ -37,6 +39,7 @@ def run_view(doc: RunDocument) -> dict[str, Any]:
         if doc.lease is None
         else {"owner": doc.lease.owner, "expires_at": doc.lease.expires_at.isoformat()},
         "cancel_requested": doc.cancel_requested,
+        "retry": retry.to_dict() if retry else None,
     }
 
 
@@ -72,11 +75,11 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str))
 
 
-def echo_run(doc: RunDocument) -> None:
-    v = run_view(doc)
+def echo_run(doc: RunDocument, retry: RetryWait | None = None) -> None:
+    v = run_view(doc, retry)
     click.echo(f"run       {v['run_id']}")
     click.echo(f"workflow  {v['workflow']['name']}  (attempt {v['attempt']}, {v['origin']})")
-    click.echo(f"status    {v['status']}")
+    click.echo(f"status    {v['status']}" + (f", {retry.describe()}" if retry else ""))
     if v["failure_code"]:
         click.echo(f"failure   {v['failure_code']}: {v['error']}")
     if v["restart_node"]:

@@ -19,6 +19,7 @@ from engine import rewind as engine_rewind
 from engine.loader import LoadedWorkflow
 from engine.resume import ResumeRequest
 from runner.operations.env import Env
+from runner.operations.retry_wait import will_retry
 from store import Event, RunDocument, RunPage, RunQuery, RunStatus, utcnow
 
 MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
@@ -27,6 +28,12 @@ FOLLOW_POLL_S = 0.5
 EVENTS_PAGE = 10_000
 
 OnEvent = Callable[[Event], None]
+
+
+def still_moving(run: RunDocument) -> bool:
+    """Whether `follow` keeps reading: queued or running, or waiting out the nak delay of an
+    automatic retry (it will run again by itself); a settled or operator-waiting run is not."""
+    return run.status in MOVING or will_retry(run)
 
 
 async def launch(
@@ -82,7 +89,8 @@ async def event_batches(
     env: Env, run_id: str, *, after: int = 0, follow: bool = False
 ) -> AsyncIterator[list[Event]]:
     """A run's events after `after`, in batches as they are read. With `follow`, keep reading
-    while the run is queued or running, and stop once it settled and nothing new came."""
+    while the run is queued, running or waiting for an automatic retry (`still_moving`), and
+    stop once it settled or waits for an operator, and nothing new came."""
     await env.store.get_run(run_id)  # run_not_found before anything else
     while True:
         events = await env.store.read_events(run_id, after_seq=after, limit=EVENTS_PAGE)
@@ -92,7 +100,7 @@ async def event_batches(
         if not follow:
             return
         run = await env.store.get_run(run_id)
-        if run.status not in MOVING and not events:
+        if not still_moving(run) and not events:
             return
         await asyncio.sleep(FOLLOW_POLL_S)
 
