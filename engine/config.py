@@ -4,19 +4,27 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
 
 from engine.lease import LeaseTiming
+from store.settings import (
+    RunfleetSettings,
+    SettingsRelation,
+    env_name,
+    format_duration,
+)
+from store.sizes import Size
 from store.timeutil import Duration
 
 
-class EngineSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RUNFLEET_", extra="ignore")
-
-    sandbox: str = Field(default="local", description="default sandbox driver")
-    scratch_cap: int = Field(default=256 * 1024 * 1024, description="bank cap, bytes")
-    output_cap: int = Field(default=1024 * 1024, description="a node's stored output, bytes")
+class EngineSettings(RunfleetSettings):
+    sandbox: str = Field(
+        default="local",
+        description="default sandbox driver",
+        json_schema_extra={"accepted": "a sandbox driver name: local or kubernetes"},
+    )
+    scratch_cap: Size = Field(default=256 * 1024 * 1024, description="bank cap, bytes")
+    output_cap: Size = Field(default=1024 * 1024, ge=1, description="a node's stored output")
     lease_ttl: Duration = timedelta(seconds=30)
     lease_interval: Duration = timedelta(seconds=10)
     lease_skew: Duration = timedelta(seconds=2)
@@ -27,11 +35,44 @@ class EngineSettings(BaseSettings):
     post_engine_budget: Duration = timedelta(minutes=1)
     unwind_margin: Duration = timedelta(seconds=30)
 
+    @field_validator("sandbox")
+    @classmethod
+    def _known_driver(cls, value: str) -> str:
+        from engine.sandbox.registry import driver_names  # the registry reads these settings
+
+        if value not in driver_names():
+            raise ValueError(f"unknown sandbox driver {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _relations(self) -> EngineSettings:
-        self.lease_timing().check()
+        """SPEC §12's relations, each naming the variables it relates."""
+        t = self.lease_timing()
+        ttl, interval, margin = (
+            env_name(f) for f in ("lease_ttl", "lease_interval", "lease_loss_margin")
+        )
+        if t.interval * 3 > t.ttl:
+            raise SettingsRelation(
+                ("lease_interval", "lease_ttl"),
+                f"{interval} must be at most {ttl}/3",
+                f"lower {interval} to {format_duration(t.ttl / 3)} or less, or raise {ttl} to"
+                f" {format_duration(t.interval * 3)} or more",
+            )
+        if t.loss_margin > t.ttl - 2 * t.interval:
+            raise SettingsRelation(
+                ("lease_loss_margin", "lease_ttl", "lease_interval"),
+                f"{margin} must be at most {ttl} - 2 x {interval}",
+                f"lower {margin} to {format_duration(t.ttl - 2 * t.interval)} or less, or unset"
+                f" it (default {ttl}/6)",
+            )
         if self.scratch_bank_budget > self.teardown_budget:
-            raise ValueError("RUNFLEET_SCRATCH_BANK_BUDGET must fit in RUNFLEET_TEARDOWN_BUDGET")
+            bank, teardown = env_name("scratch_bank_budget"), env_name("teardown_budget")
+            raise SettingsRelation(
+                ("scratch_bank_budget", "teardown_budget"),
+                f"{bank} must fit in {teardown} (the bank is part of the teardown)",
+                f"lower {bank} to {format_duration(self.teardown_budget)} or less, or raise"
+                f" {teardown}",
+            )
         return self
 
     def lease_timing(self) -> LeaseTiming:

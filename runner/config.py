@@ -6,17 +6,19 @@ from __future__ import annotations
 from datetime import timedelta
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from store.settings import RunfleetSettings
 from store.timeutil import Duration
 
 
-class RunnerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RUNFLEET_", extra="ignore")
-
+class RunnerSettings(RunfleetSettings):
     slots: int = Field(default=8, ge=1, le=10_000, description="concurrent deliveries")
     http_port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
-    http_host: str = "0.0.0.0"
+    http_host: str = Field(
+        default="0.0.0.0",
+        pattern=r"^[A-Za-z0-9.:_-]+$",
+        json_schema_extra={"accepted": "a host name or IP address to bind, e.g. 127.0.0.1"},
+    )
     transient_delay: Duration = timedelta(seconds=5)
     transient_delay_cap: Duration = timedelta(minutes=10)
     fetch_timeout: Duration = timedelta(seconds=0.5)

@@ -6,15 +6,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from store.settings import DataDir, RunfleetSettings
 
 
-class StoreSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RUNFLEET_", extra="ignore")
-
-    data: Path = Field(default=Path(".runfleet"), description="embedded default's home")
-    store_url: str | None = Field(default=None, description="default sqlite:///$DATA/runs.db")
-    blob_url: str | None = Field(default=None, description="default file://$DATA/blobs")
+class StoreSettings(RunfleetSettings):
+    data: DataDir = Field(default=Path(".runfleet"), description="embedded default's home")
+    store_url: str | None = Field(
+        default=None,
+        description="default sqlite:///$DATA/runs.db",
+        pattern=r"^(sqlite:///.+|mongodb(\+srv)?://.+)$",
+        json_schema_extra={"accepted": "sqlite:///path or mongodb://host/db"},
+    )
+    blob_url: str | None = Field(
+        default=None,
+        description="default file://$DATA/blobs",
+        pattern=r"^(file://.+|s3://.+)$",
+        json_schema_extra={"accepted": "file:///path or s3://bucket/prefix"},
+    )
     tenant: str = Field(default="default", min_length=1)
 
     @property

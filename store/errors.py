@@ -46,6 +46,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     ├── MalformedMessage                        malformed
     ├── UnsupportedSchema                       unsupported_schema
     ├── ConsumerMismatch                        consumer_mismatch
+    ├── SettingsInvalid                         settings_invalid          (CLI exit code 2)
     └── Refusal                                 refused                   (CLI exit code 3)
         ├── RunNotFound                         run_not_found
         ├── AnswersRequired                     answers_required

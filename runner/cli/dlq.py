@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -13,10 +14,10 @@ import click
 from publisher import DlqRecord
 from runner import operations as ops
 from runner.cli.errors import EXIT_REFUSED, EXIT_UNREACHABLE
+from runner.cli.options import DURATION
 from runner.cli.runtime import command, echo_json, json_option
 from runner.operations import RecordDetail, ReplayReport, open_env
 from store import utcnow
-from store.timeutil import parse_duration
 
 
 def record_view(record: DlqRecord) -> dict[str, Any]:
@@ -69,12 +70,12 @@ def dlq_group() -> None:
 
 @dlq_group.command("list")
 @click.option("--reason", help="only records with this reason")
-@click.option("--older-than", metavar="D", help="only records older than D (e.g. 1h)")
+@click.option("--older-than", type=DURATION, help="only records older than this, e.g. 1h")
 @json_option
 @command
-async def dlq_list(reason: str | None, older_than: str | None, as_json: bool) -> None:
+async def dlq_list(reason: str | None, older_than: timedelta | None, as_json: bool) -> None:
     """List DLQ records (id = the work-stream sequence of the dead message)."""
-    age = parse_duration(older_than) if older_than else None
+    age = older_than
     async with open_env() as env:
         records = await ops.list_records(env, reason=reason, older_than=age)
     if as_json:
@@ -163,7 +164,7 @@ async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_js
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_", is_flag=True)
 @click.option("--reason")
-@click.option("--older-than", metavar="D")
+@click.option("--older-than", type=DURATION, help="only records older than this, e.g. 7d")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @json_option
 @command
@@ -171,13 +172,13 @@ async def dlq_purge(
     ids: tuple[int, ...],
     all_: bool,
     reason: str | None,
-    older_than: str | None,
+    older_than: timedelta | None,
     yes: bool,
     as_json: bool,
 ) -> None:
     """Remove records for good (prints what it removed)."""
     selected = _ids_or_all(ids, all_)
-    age = parse_duration(older_than) if older_than else None
+    age = older_than
     async with open_env() as env:
         records = await ops.select_records(env, selected, reason=reason, older_than=age)
         if not records:

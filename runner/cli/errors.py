@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import click
 
-from runner.operations.errors import is_refusal, is_unreachable
+from runner.operations.errors import is_refusal, is_unreachable, is_usage
 from store import RunfleetError
 
 EXIT_OK = 0
@@ -22,6 +22,8 @@ EXIT_UNREACHABLE = 4
 
 def exit_code_for(exc: RunfleetError) -> int:
     """The operations' classification (`runner.operations.errors`), as an exit code."""
+    if is_usage(exc):
+        return EXIT_USAGE
     if is_refusal(exc):
         return EXIT_REFUSED
     if is_unreachable(exc):

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import click
 
 from runner import operations as ops
+from runner.cli.options import DURATION
 from runner.cli.runtime import command, json_option
 from runner.cli.views import echo_json
 from runner.operations import open_env
-from store.timeutil import parse_duration
+from store.settings import format_duration
 
 
 @click.group("streams")
@@ -56,6 +58,7 @@ async def up_cmd(runners: int, slots: int | None, data: Path | None, no_view: bo
     if data is not None:
         os.environ["RUNFLEET_DATA"] = str(data)
     async with open_env(data) as env:
+        _ = env.engine, env.wire()  # every setting the runners read, checked before any starts
         fleet = EmbeddedFleet(data=env.data_dir, runners=runners, slots=slots, store=env.store)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -136,21 +139,22 @@ async def sweep_cmd(as_json: bool) -> None:
 
 
 @click.command("gc")
-@click.option("--older-than", required=True, metavar="D", help="e.g. 30d")
+@click.option("--older-than", required=True, type=DURATION, help="age to collect, e.g. 30d")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @json_option
 @command
-async def gc_cmd(older_than: str, yes: bool, as_json: bool) -> None:
+async def gc_cmd(older_than: timedelta, yes: bool, as_json: bool) -> None:
     """Delete settled runs (finished, failed, cancelled) not updated for D, with their events
     and blobs; DLQ records and staged uploads older than D."""
-    age = parse_duration(older_than)
+    age = older_than
     async with open_env() as env:
         plan = await ops.plan_gc(env, age)
         if (
             plan.run_ids
             and not yes
             and not click.confirm(
-                f"delete {len(plan.run_ids)} run(s) older than {older_than}?", err=True
+                f"delete {len(plan.run_ids)} run(s) older than {format_duration(older_than)}?",
+                err=True,
             )
         ):
             raise click.Abort()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,26 @@ import click
 
 from runner.cli.views import event_line
 from store import Budget, Event
+from store.settings import DURATION_FORM
 from store.timeutil import parse_duration
+
+
+class DurationParam(click.ParamType):
+    """A flag that takes a duration (`--since 1h`): a bad value is a usage error (exit 2)
+    naming the flag, the value and the accepted form, as a bad setting is (SPEC §10)."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> timedelta:
+        try:
+            return parse_duration(value)
+        except ValueError:
+            self.fail(f"{value!r} is not accepted: expected {DURATION_FORM}", param, ctx)
+
+
+DURATION = DurationParam()
 
 
 def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
@@ -40,16 +60,11 @@ def read_answers_file(
 
 
 def budget_overrides(
-    max_duration: str | None, max_cost_usd: float | None, max_iterations: int | None
+    max_duration: timedelta | None, max_cost_usd: float | None, max_iterations: int | None
 ) -> Budget | None:
     if max_duration is None and max_cost_usd is None and max_iterations is None:
         return None
-    duration = None
-    if max_duration is not None:
-        try:
-            duration = parse_duration(max_duration).total_seconds()
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--max-duration") from exc
+    duration = max_duration.total_seconds() if max_duration is not None else None
     return Budget(max_duration=duration, max_cost_usd=max_cost_usd, max_iterations=max_iterations)
 
 

@@ -3,6 +3,7 @@ its flags, calls `runner.operations` and prints."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from engine.loader import load_workflow_file
 from engine.resume import ResumeRequest
 from runner import operations as ops
 from runner.cli.options import (
+    DURATION,
     budget_overrides,
     parse_pairs,
     progress_printer,
@@ -22,7 +24,6 @@ from runner.cli.views import echo_json, echo_run, event_line, run_view
 from runner.operations import open_env
 from runner.operations.retry_wait import waiting_retry
 from store import Event, RunStatus
-from store.timeutil import parse_duration
 
 
 @click.command("run")
@@ -57,7 +58,7 @@ async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool
 @click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="accept a changed workflow source")
 @click.option("--accept-scratch-loss", is_flag=True, help="continue without the banked scratch")
-@click.option("--max-duration", metavar="D")
+@click.option("--max-duration", type=DURATION, help="raise the run's duration cap, e.g. 2h")
 @click.option("--max-cost-usd", type=float)
 @click.option("--max-iterations", type=int)
 @click.option("--local", "local", is_flag=True, help="resume in this process, not the queue")
@@ -72,7 +73,7 @@ async def resume_cmd(
     file: Path | None,
     force: bool,
     accept_scratch_loss: bool,
-    max_duration: str | None,
+    max_duration: timedelta | None,
     max_cost_usd: float | None,
     max_iterations: int | None,
     local: bool,
@@ -148,7 +149,7 @@ async def status_cmd(run_id: str, as_json: bool) -> None:
     "--status", "statuses", multiple=True, type=click.Choice([s.value for s in RunStatus])
 )
 @click.option("--code", "codes", multiple=True, help="failure code")
-@click.option("--since", metavar="D", help="created within this duration, e.g. 1h")
+@click.option("--since", type=DURATION, help="created within this duration, e.g. 1h")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50)
 @click.option("--after", metavar="RUN", help="page after this run id")
 @json_option
@@ -156,13 +157,13 @@ async def status_cmd(run_id: str, as_json: bool) -> None:
 async def runs_cmd(
     statuses: tuple[str, ...],
     codes: tuple[str, ...],
-    since: str | None,
+    since: timedelta | None,
     limit: int,
     after: str | None,
     as_json: bool,
 ) -> None:
     """List runs, oldest first, a page at a time."""
-    within = parse_duration(since) if since else None
+    within = since
     async with open_env() as env:
         page = await ops.list_runs(
             env,

@@ -21,7 +21,7 @@ from runner.operations.dlq import (
     show_record,
 )
 from runner.operations.env import Env, open_env
-from runner.operations.errors import UNREACHABLE, is_refusal, is_unreachable
+from runner.operations.errors import UNREACHABLE, is_refusal, is_unreachable, is_usage
 from runner.operations.fleet import collect_garbage, ensure_wire, plan_gc, sweep
 from runner.operations.models import (
     GcPlan,
@@ -59,6 +59,7 @@ __all__ = [
     "get_run",
     "is_refusal",
     "is_unreachable",
+    "is_usage",
     "launch",
     "list_records",
     "list_runs",

@@ -32,13 +32,22 @@ from store.url import open_store
 @dataclass
 class Env:
     settings: StoreSettings
-    engine: EngineSettings
+    engine_settings: EngineSettings | None
+    """The engine settings, when the caller has them; else read from `RUNFLEET_*` on first
+    use (`Env.engine`), so a command that never executes, rewinds or sweeps (`runs`, `status`,
+    `events`, `dlq list`) does not trip on a lease or sandbox setting it does not use."""
     store: RunStore
     blobs: BlobStore
     client: str = "runfleet-cli"
     """The NATS connection name (what `nats-server`'s connection list shows)."""
     wire_settings: WireSettings | None = None
     """The wire settings, when the caller has them; else read from `RUNFLEET_*`."""
+
+    @property
+    def engine(self) -> EngineSettings:
+        if self.engine_settings is None:
+            self.engine_settings = EngineSettings()
+        return self.engine_settings
 
     @property
     def data_dir(self) -> Path:
@@ -88,12 +97,11 @@ class Env:
 @contextlib.asynccontextmanager
 async def open_env(data: Path | None = None, *, client: str = "runfleet-cli") -> AsyncIterator[Env]:
     settings = StoreSettings() if data is None else StoreSettings(data=data)
-    engine = EngineSettings()
     store = await open_store(settings.effective_store_url)
     try:
         blobs = open_blob_store(settings.effective_blob_url)
         try:
-            yield Env(settings, engine, store, blobs, client)
+            yield Env(settings, None, store, blobs, client)
         finally:
             await blobs.close()
     finally:

@@ -1,9 +1,10 @@
 """How an operation's failure reads to whoever called it (SPEC §10, §10c).
 
-Operations raise only `RunfleetError`s: typed refusals (`Refusal`, and `WorkflowInvalid`, a
-refusal of the file a person gave) — the CLI's exit 3, the API's 4xx —, infrastructure that is
-not there — exit 4, 503 with `Retry-After` —, and anything else — exit 1. One table here, so the
-CLI, the console and the API classify alike.
+Operations raise only `RunfleetError`s: a usage error (`SettingsInvalid`: a `RUNFLEET_*`
+variable runfleet cannot use) — the CLI's exit 2, the API's 400 —, typed refusals (`Refusal`,
+and `WorkflowInvalid`, a refusal of the file a person gave) — the CLI's exit 3, the API's 4xx
+—, infrastructure that is not there — exit 4, 503 with `Retry-After` —, and anything else —
+exit 1. One table here, so the CLI, the console and the API classify alike.
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from __future__ import annotations
 from engine.errors import WorkflowInvalid
 from publisher.errors import NatsUnavailable, PublishFailed
 from store import Refusal, RunfleetError, StoreUnavailable
+from store.settings import SettingsInvalid
 
 UNREACHABLE: tuple[type[RunfleetError], ...] = (StoreUnavailable, NatsUnavailable, PublishFailed)
 """NATS (a missing stream, a JetStream that does not answer, a timeout) or the store is not
 there; `PublishFailed` comes after the publisher's bounded retries, and the run was put back."""
+
+
+def is_usage(exc: RunfleetError) -> bool:
+    """A value the person gave (a setting) cannot be used: they fix it and try again."""
+    return isinstance(exc, SettingsInvalid)
 
 
 def is_refusal(exc: RunfleetError) -> bool:
