@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 from kubernetes.aio import client
 
+from engine.sandbox.kubernetes import watch as watch_module
 from engine.sandbox.kubernetes.watch import (
     PodWatch,
     judge_event,
@@ -141,11 +142,22 @@ class FakePodsApi:
         self.lists: list[dict[str, str]] = []
         self.watches: asyncio.Queue[WatchCall] = asyncio.Queue()
         self.open_calls: list[WatchCall] = []
+        self.list_refusals: list[int] = []
+        self.watch_refusals: list[int] = []
+        """HTTP statuses to answer the next lists / watch requests with, in order."""
+        self.refused: list[tuple[str, int]] = []
 
     async def pods(self, request: web.Request) -> web.StreamResponse:
         assert request.match_info["ns"] == NS
         query = dict(request.query)
-        if query.get("watch") in ("true", "True", "1"):
+        watching = query.get("watch") in ("true", "True", "1")
+        refusals = self.watch_refusals if watching else self.list_refusals
+        if refusals:
+            code = refusals.pop(0)
+            self.refused.append(("watch" if watching else "list", code))
+            status = {"kind": "Status", "status": "Failure", "code": code, "message": "refused"}
+            return web.json_response(status, status=code)
+        if watching:
             return await self._watch(request, query)
         self.resource_version += 1
         self.lists.append(query)
@@ -332,6 +344,44 @@ async def test_watch_410_gone_relists_and_is_not_loss(harness: Harness) -> None:
     assert not harness.watch.lost.is_set()
     second.send("DELETED", pod_dict())
     assert (await harness.lost())[0] == "deleted"
+
+
+async def test_watch_failed_relists_back_off_and_are_not_loss(harness: Harness) -> None:
+    first = await harness.api.next_watch()
+    harness.api.list_refusals = [500, 403]
+    first.end()
+    second = await harness.api.next_watch()
+    assert harness.api.refused == [("list", 500), ("list", 403)]
+    assert len(harness.api.lists) == 2
+    assert not harness.watch.lost.is_set()
+    second.send("DELETED", pod_dict())
+    assert (await harness.lost())[0] == "deleted"
+
+
+async def test_watch_refused_with_http_410_relists_and_is_not_loss(harness: Harness) -> None:
+    first = await harness.api.next_watch()
+    harness.api.watch_refusals = [410]
+    first.end()
+    await harness.api.next_watch()
+    assert harness.api.refused == [("watch", 410)]
+    assert len(harness.api.lists) == 3
+    assert not harness.watch.lost.is_set()
+
+
+async def test_watch_silent_half_open_stream_is_relisted_after_the_client_timeout(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake never ends the stream (as a dead peer would not): the client's total timeout
+    (server timeout + margin, 1 s here) ends it, and that is unknown: re-list, no loss."""
+    monkeypatch.setattr(watch_module, "WATCH_TIMEOUT_S", 1)
+    monkeypatch.setattr(watch_module, "_CLIENT_MARGIN_S", 0.0)
+    first = await harness.api.next_watch()
+    first.end()
+    silent = await harness.api.next_watch()
+    assert silent.query["timeoutSeconds"] == "1"
+    await harness.api.next_watch()
+    assert len(harness.api.lists) == 3
+    assert not harness.watch.lost.is_set()
 
 
 async def test_watch_exec_in_flight_is_abandoned_within_2s_of_the_loss_event(
