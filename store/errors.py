@@ -33,6 +33,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     │   ├── SandboxImageInvalid                 sandbox_image_invalid
     │   ├── SandboxLost                         sandbox_lost
     │   ├── SandboxRecordCorrupt                sandbox_record_corrupt
+    │   ├── SandboxExecFailed                   sandbox_exec_failed
     │   └── SandboxCopyFailed                   sandbox_copy_failed
     │       └── SandboxArchiveInvalid           sandbox_archive_invalid
     ├── NatsUnavailable                         nats_unavailable          (CLI exit code 4)

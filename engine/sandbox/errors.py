@@ -14,6 +14,7 @@ Errors without a `failure_code` are classified by the caller, who knows what the
         ├── SandboxImageInvalid         the image cannot be pulled or run
         ├── SandboxLost                 the sandbox went away under a running execution
         ├── SandboxRecordCorrupt        a local sandbox record is not what we wrote
+        ├── SandboxExecFailed           a command could not be run, or its stream broke
         └── SandboxCopyFailed           a tar stream in or out failed on the way
             └── SandboxArchiveInvalid   the archive itself does not extract
 """
@@ -30,6 +31,7 @@ __all__ = [
     "SandboxCapacity",
     "SandboxCopyFailed",
     "SandboxError",
+    "SandboxExecFailed",
     "SandboxImageInvalid",
     "SandboxLost",
     "SandboxRecordCorrupt",
@@ -98,6 +100,13 @@ class SandboxRecordCorrupt(SandboxError, code="sandbox_record_corrupt"):
     """A local driver record that does not parse; it is reported, never guessed at."""
 
     remedy = "stop the processes by hand, then delete the record under RUNFLEET_DATA/sandboxes/"
+
+
+class SandboxExecFailed(SandboxError, code="sandbox_exec_failed"):
+    """The API server refused an exec, or its stream broke before the command's status came.
+    No failure code of its own (an execution reads `INTERNAL_ERROR`, transient): the command may
+    still run in the pod, so the node is not retried in place, and whether the pod is lost is
+    the continuity watch's call (§7.2), never an exec stream's."""
 
 
 class SandboxCopyFailed(SandboxError, code="sandbox_copy_failed"):
