@@ -29,6 +29,7 @@ from runner.deliveries import Delivery
 from runner.disposition import dispose_outcome
 from runner.handon import hand_on
 from runner.lease import HeldLease
+from runner.metrics import status_label
 from runner.repair import repair_status_event
 from runner.services import RunnerServices
 from store import CasConflict, RunDocument, RunNotFound, StoreError, utcnow
@@ -255,7 +256,9 @@ async def _execute(
             outcome = await _run(svc, execution, path)
             plan = await dispose_outcome(svc, delivery, message, execution, events, outcome)
             svc.metrics.delivery(plan.action, plan.reason)
-            svc.metrics.run_duration.labels(status=plan.reason).observe(time.monotonic() - started)
+            svc.metrics.run_duration.labels(status=status_label(plan.reason)).observe(
+                time.monotonic() - started
+            )
     finally:
         svc.metrics.inflight.dec()
 

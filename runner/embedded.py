@@ -40,8 +40,27 @@ class RunnerProcess:
     log_path: Path
     proc: asyncio.subprocess.Process | None = None
     http_port: int | None = None
+    """The port of the *current* process: read from what it logged since it started."""
     restarts: int = 0
     started_at: float = field(default_factory=time.monotonic)
+    log_offset: int = 0
+    """Where this start's lines begin in the appended log (earlier starts held other ports)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerRow:
+    """One runner as the live view shows it (SPEC §10 `up`: pid, port, slots, runs)."""
+
+    index: int
+    pid: int | None
+    http_port: int | None
+    slots: int
+    slots_in_use: int | None
+    """Deliveries it holds (its `/healthz` `inflight`); None when it did not answer."""
+    runs_in_flight: int | None
+    """Executions it runs (`runfleet_inflight_runs`); None when it did not answer."""
+    restarts: int
+    answering: bool
 
 
 class EmbeddedFleet:
@@ -98,6 +117,10 @@ class EmbeddedFleet:
         return env
 
     async def _spawn(self, rp: RunnerProcess) -> None:
+        try:
+            rp.log_offset = rp.log_path.stat().st_size
+        except FileNotFoundError:
+            rp.log_offset = 0
         logf = rp.log_path.open("ab")
         try:
             rp.proc = await asyncio.create_subprocess_exec(
@@ -130,7 +153,7 @@ class EmbeddedFleet:
                     rp.restarts += 1
                     await self._spawn(rp)
                 if rp.http_port is None:
-                    rp.http_port = _read_port(rp.log_path)
+                    rp.http_port = _read_port(rp.log_path, rp.log_offset)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.5)
 
@@ -138,30 +161,50 @@ class EmbeddedFleet:
 
     async def snapshot(self, session: aiohttp.ClientSession) -> dict[str, object]:
         counts = await self.store.status_counts()
-        inflight = 0
+        rows: list[RunnerRow] = []
         deliveries = 0.0
-        alive = 0
         for rp in self.procs:
-            if rp.http_port is None or rp.proc is None or rp.proc.returncode is not None:
-                continue
-            try:
-                async with session.get(f"http://127.0.0.1:{rp.http_port}/metrics") as resp:
-                    text = await resp.text()
-            except aiohttp.ClientError:
-                continue
-            alive += 1
-            for line in text.splitlines():
-                if line.startswith("runfleet_inflight_runs "):
-                    inflight += int(float(line.split()[1]))
-                elif line.startswith("runfleet_deliveries_total{"):
-                    deliveries += float(line.rsplit(" ", 1)[1])
+            row, delivered = await self._runner_row(session, rp)
+            rows.append(row)
+            deliveries += delivered
         return {
             "runs": {str(k): v for k, v in sorted(counts.items())},
-            "inflight": inflight,
+            "inflight": sum(r.runs_in_flight or 0 for r in rows),
             "deliveries": deliveries,
-            "runners_alive": alive,
+            "runners_alive": sum(r.answering for r in rows),
+            "runners": rows,
             "dlq": await self.dlq_size(),
         }
+
+    async def _runner_row(
+        self, session: aiohttp.ClientSession, rp: RunnerProcess
+    ) -> tuple[RunnerRow, float]:
+        """One runner's row, from its `/healthz` (deliveries held) and `/metrics` (executions,
+        deliveries so far); a runner that does not answer shows its pid and nothing else."""
+        live = rp.proc is not None and rp.proc.returncode is None
+        pid = rp.proc.pid if live and rp.proc is not None else None
+        row = RunnerRow(rp.index, pid, rp.http_port, self.slots, None, None, rp.restarts, False)
+        if not live or rp.http_port is None:
+            return row, 0.0
+        base = f"http://127.0.0.1:{rp.http_port}"
+        try:
+            async with session.get(f"{base}/healthz") as resp:
+                health = await resp.json()
+            async with session.get(f"{base}/metrics") as resp:
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return row, 0.0
+        stats = parse_runner_metrics(text)
+        return RunnerRow(
+            rp.index,
+            pid,
+            rp.http_port,
+            int(health.get("slots", self.slots)),
+            int(health.get("inflight", 0)),
+            int(stats.get("runfleet_inflight_runs", 0.0)),
+            rp.restarts,
+            True,
+        ), stats.get("runfleet_deliveries_total", 0.0)
 
     async def dlq_size(self) -> int:
         if self._js is None:
@@ -211,9 +254,25 @@ def subprocess_stdout() -> int:
     return asyncio.subprocess.STDOUT
 
 
-def _read_port(path: Path) -> int | None:
+def parse_runner_metrics(text: str) -> dict[str, float]:
+    """The runner's `/metrics` samples the view needs, each summed over its labels."""
+    wanted = ("runfleet_inflight_runs", "runfleet_deliveries_total")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _read_port(path: Path, offset: int = 0) -> int | None:
+    """The HTTP port the process started at `offset` of its appended log announced: only
+    its own lines are read, so a restarted runner never shows a port an earlier start held."""
     try:
-        match = _PORT_LINE.search(path.read_bytes()[-65536:])
+        with path.open("rb") as f:
+            f.seek(offset)
+            head = f.read(65536)
     except FileNotFoundError:
         return None
+    match = _PORT_LINE.search(head)
     return int(match.group(1)) if match else None

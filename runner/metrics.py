@@ -1,14 +1,71 @@
-"""Prometheus metrics of SPEC §5.8, on a registry per runner (tests run several in-process)."""
+"""Prometheus metrics of SPEC §5.8, on a registry per runner (tests run several in-process).
+
+No `*_created` series (they double every counter and histogram for a timestamp nobody graphs),
+a `runfleet_build_info{version}` gauge so a dashboard can tell which release answers, and the
+process collector (CPU, memory, open files of the runner process). Label values that name a
+status are real run statuses (SPEC §2), never a disposition's reason.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from importlib import metadata
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+from store import RunStatus
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+STATUS_OF_REASON: dict[str, RunStatus] = {
+    "transient": RunStatus.FAILED_RESUMABLE,
+    "dlq_parked": RunStatus.FAILED_RESUMABLE,
+    "handoff_superseded": RunStatus.FAILED_RESUMABLE,
+    "cancelled": RunStatus.CANCELLED,
+    "drain": RunStatus.QUEUED,
+    "lease_lost": RunStatus.RUNNING,
+    "unwind_ceiling": RunStatus.RUNNING,
+    "store_unreachable": RunStatus.RUNNING,
+}
+"""A disposition's reason (runner/disposition.py `Plan.reason`) → the run status the execution
+left written: a nak'd transient failure and a DLQ park are `failed_resumable`; a drain's handoff
+is `queued` again (a superseded one stays `failed_resumable` RUNNER_INTERRUPTED); when the
+execution could not write its status (lease lost, store unreachable, the unwind ceiling) the
+run is still `running` as far as it knows. Other reasons are already a status (`reason_for`)."""
+
+
+def status_label(reason: str) -> str:
+    """The `status` label of `runfleet_execution_seconds` for a disposition's `reason`."""
+    if reason in STATUS_OF_REASON:
+        return str(STATUS_OF_REASON[reason])
+    try:
+        return str(RunStatus(reason))
+    except ValueError:  # a reason added without a row here; a test enumerates them
+        return str(RunStatus.RUNNING)
+
+
+def version() -> str:
+    try:
+        return metadata.version("runfleet")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class RunnerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        Info("runfleet_build", "The runfleet release this process runs", registry=r).info(
+            {"version": version()}
+        )
+        ProcessCollector(registry=r)
         self.deliveries = Counter(
             "runfleet_deliveries",
             "Deliveries by disposition and reason",

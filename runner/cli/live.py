@@ -1,4 +1,5 @@
-"""The live view of `runfleet up`: runs by status, in flight, DLQ size, deliveries/s."""
+"""The live view of `runfleet up`: runs by status, in flight, DLQ size, deliveries/s, and a
+row per runner (pid, HTTP port, slots in use, runs in flight, restarts)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 import aiohttp
 import click
 
-from runner.embedded import EmbeddedFleet
+from runner.embedded import EmbeddedFleet, RunnerRow
 
 ORDER = [
     "queued",
@@ -34,11 +35,30 @@ def render(snap: dict[str, object], rate: float, restarts: int) -> str:
     )
 
 
+def runner_line(row: RunnerRow) -> str:
+    """`runner 0  pid 4242  http :38211  slots 1/8 in use  runs in flight 1`."""
+    pid = f"pid {row.pid}" if row.pid is not None else "not running"
+    port = f"http :{row.http_port}" if row.http_port is not None else "http (starting)"
+    if row.answering:
+        load = f"slots {row.slots_in_use}/{row.slots} in use  runs in flight {row.runs_in_flight}"
+    else:
+        load = "not answering"
+    restarts = f"  (restarts {row.restarts})" if row.restarts else ""
+    return f"  runner {row.index}  {pid}  {port}  {load}{restarts}"
+
+
+def render_lines(snap: dict[str, object], rate: float, restarts: int) -> list[str]:
+    rows = snap.get("runners") or []
+    assert isinstance(rows, list)
+    return [render(snap, rate, restarts), *(runner_line(r) for r in rows)]
+
+
 async def live_view(fleet: EmbeddedFleet, *, interactive: bool) -> None:
     tty = interactive and sys.stderr.isatty()
     every = 1.0 if tty else 10.0
     last_total: float | None = None
     last_t = time.monotonic()
+    drawn = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
         while True:
             snap = await fleet.snapshot(session)
@@ -46,9 +66,12 @@ async def live_view(fleet: EmbeddedFleet, *, interactive: bool) -> None:
             total = float(snap["deliveries"])  # type: ignore[arg-type]
             rate = 0.0 if last_total is None else max(total - last_total, 0) / (now - last_t)
             last_total, last_t = total, now
-            line = render(snap, rate, sum(rp.restarts for rp in fleet.procs))
+            lines = render_lines(snap, rate, sum(rp.restarts for rp in fleet.procs))
             if tty:
-                click.echo(f"\r\x1b[2K{line}", err=True, nl=False)
+                # Redraw the block in place: up to its first line, then clear each line.
+                up = f"\x1b[{drawn}F" if drawn else "\r"
+                click.echo(up + "\n".join(f"\x1b[2K{ln}" for ln in lines), err=True)
+                drawn = len(lines)
             else:
-                click.echo(line, err=True)
+                click.echo("\n".join(lines), err=True)
             await asyncio.sleep(every)
