@@ -103,7 +103,8 @@ def judge_event(kind: str, pod: client.V1Pod, uid: str) -> Loss | None:
 
 
 def _status_words(pod: client.V1Pod) -> str:
-    """`: <reason>: <message>; <DisruptionTarget reason>` when the pod says why, else ''."""
+    """`: <reason>; <message>; <DisruptionTarget reason>; container <name> <reason> (exit <n>)`
+    when the pod says why, else ''."""
     status = pod.status
     if status is None:
         return ""
@@ -113,6 +114,10 @@ def _status_words(pod: client.V1Pod) -> str:
         for c in status.conditions or ()
         if c.type == "DisruptionTarget" and c.status == "True" and c.reason
     ]
+    for c in status.container_statuses or ():
+        ended = c.state.terminated if c.state is not None else None
+        if ended is not None:
+            words.append(f"container {c.name} {ended.reason or 'ended'} (exit {ended.exit_code})")
     return f": {'; '.join(words)}" if words else ""
 
 

@@ -48,6 +48,7 @@ def pod_dict(
     ready: str = "True",
     deleting: bool = False,
     disruption: str | None = None,
+    terminated: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     conditions: list[dict[str, Any]] = [{"type": "Ready", "status": ready}]
     if disruption:
@@ -60,6 +61,18 @@ def pod_dict(
         status["reason"] = reason
     if message:
         status["message"] = message
+    if terminated:
+        ended = {"reason": terminated[0], "exitCode": terminated[1]}
+        status["containerStatuses"] = [
+            {
+                "name": "main",
+                "image": "busybox",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": ended},
+            }
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -82,9 +95,13 @@ JUDGE_ROWS: list[tuple[str, dict[str, Any] | None, str | None]] = [
     ("ready gone false (probe, or an unreachable node): unknown", {"ready": "False"}, None),
     ("phase Unknown without NodeLost: unknown", {"phase": "Unknown", "ready": "Unknown"}, None),
     ("another UID", {"uid": "uid-other"}, "replaced"),
-    ("another UID wins over a healthy phase", {"uid": "x", "phase": "Failed"}, "replaced"),
+    ("another UID wins over its phase", {"uid": "x", "phase": "Failed"}, "replaced"),
     ("evicted: Failed, same UID", {"phase": "Failed", "reason": "Evicted"}, "evicted"),
-    ("failed for another reason", {"phase": "Failed", "reason": "OOMKilled"}, "failed"),
+    (
+        "failed: its container ended",
+        {"phase": "Failed", "terminated": ("OOMKilled", 137)},
+        "failed",
+    ),
     ("succeeded", {"phase": "Succeeded", "ready": "False"}, "succeeded"),
     ("terminating", {"deleting": True, "disruption": "DeletionByTaintManager"}, "deleted"),
     ("node lost, phase Unknown", {"phase": "Unknown", "reason": "NodeLost"}, "node_lost"),
@@ -100,6 +117,13 @@ def test_judge_pod_loss_is_deleted_failed_succeeded_or_another_uid(
     assert (loss.reason if loss else None) == expected, case
     if loss is not None:
         assert loss.message
+
+
+def test_judge_pod_message_says_why_the_pod_ended() -> None:
+    loss = judge_pod(pod(phase="Failed", terminated=("OOMKilled", 137)), UID)
+    assert loss is not None and "container main OOMKilled (exit 137)" in loss.message
+    loss = judge_pod(pod(phase="Failed", reason="Evicted", message="low on memory"), UID)
+    assert loss is not None and "Evicted; low on memory" in loss.message
 
 
 def test_judge_event_deleted_of_our_uid_is_deleted_even_if_the_pod_looked_healthy() -> None:
