@@ -79,11 +79,8 @@ OnOutput = Callable[[str, bytes], Awaitable[None]]
 
 
 class _CallbackFailed(Exception):
-    """Carries an exception of `on_output` past the translation of transport errors."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(error)
-        self.error = error
+    """Carries an exception of `on_output` (its one argument) past the translation of transport
+    errors."""
 
 
 class _ExecApiClient(WsApiClient):
@@ -103,7 +100,7 @@ class _ExecApiClient(WsApiClient):
     async def close(self) -> None:
         return None
 
-    async def request(
+    async def request(  # the signature of `WsApiClient.request`; only `url` and `headers` count
         self,
         method: str,
         url: str,
@@ -114,6 +111,7 @@ class _ExecApiClient(WsApiClient):
         _preload_content: bool = True,
         _request_timeout: Any = None,
     ) -> Any:
+        """Called by `call_api` with the URL `param_serialize` built (query, auth and all)."""
         rest = self.rest_client
         if rest.pool_manager is None:
             rest.pool_manager = rest._create_pool_manager()
@@ -140,22 +138,15 @@ def exit_code_from_status(raw: bytes, where: str) -> int:
     command could not be started, the container is gone) is `SandboxExecFailed`."""
     try:
         status = json.loads(raw)
-    except ValueError as e:
+        if status.get("status") == "Success":
+            return 0
+        if status.get("reason") == "NonZeroExitCode":
+            causes = status["details"]["causes"]
+            return int(next(c["message"] for c in causes if c.get("reason") == "ExitCode"))
+        message = status.get("message")
+    except (ValueError, TypeError, KeyError, AttributeError, StopIteration) as e:
         raise SandboxExecFailed(f"the exec in {where} ended with an unreadable status") from e
-    if not isinstance(status, dict):
-        raise SandboxExecFailed(f"the exec in {where} ended with an unreadable status")
-    if status.get("status") == "Success":
-        return 0
-    details = status.get("details")
-    causes = details.get("causes") if isinstance(details, dict) else None
-    if status.get("reason") == "NonZeroExitCode" and isinstance(causes, list):
-        for cause in causes:
-            if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
-                try:
-                    return int(cause.get("message", ""))
-                except ValueError:
-                    break
-    raise SandboxExecFailed(f"the exec in {where} failed: {status.get('message') or raw!r}")
+    raise SandboxExecFailed(f"the exec in {where} failed: {message or raw!r}")
 
 
 async def exec_in_pod(
@@ -196,86 +187,121 @@ async def _exec(
     on_output: OnOutput | None,
     stdin: AsyncIterator[bytes] | None,
 ) -> ExecResult:
-    where = f"pod {namespace}/{pod}"
-    tails = (_Tail(), _Tail())
+    call = _Call(_ExecApiClient(api.api_client), namespace, pod, container, on_output)
     started = time.monotonic()
-    client = _ExecApiClient(api.api_client)
     deadline = asyncio.timeout(timeout_s)
+    status: bytes | None = None
     try:
         async with deadline:
-            status = await _stream(
-                client, namespace, pod, container, argv, where, tails, on_output, stdin
-            )
+            status = await call.run(argv, stdin)
     except TimeoutError:
         if not deadline.expired():
             raise
-        return ExecResult(
-            exit_code=TIMED_OUT_EXIT_CODE,
-            timed_out=True,
-            stdout_tail=bytes(tails[0].data),
-            stderr_tail=bytes(tails[1].data),
-            duration_s=time.monotonic() - started,
-        )
     return ExecResult(
-        exit_code=exit_code_from_status(status, where),
-        timed_out=False,
-        stdout_tail=bytes(tails[0].data),
-        stderr_tail=bytes(tails[1].data),
+        exit_code=TIMED_OUT_EXIT_CODE
+        if status is None
+        else exit_code_from_status(status, call.where),
+        timed_out=status is None,
+        stdout_tail=bytes(call.tails[0].data),
+        stderr_tail=bytes(call.tails[1].data),
         duration_s=time.monotonic() - started,
     )
 
 
-async def _stream(
-    client: _ExecApiClient,
-    namespace: str,
-    pod: str,
-    container: str,
-    argv: list[str],
-    where: str,
-    tails: tuple[_Tail, _Tail],
-    on_output: OnOutput | None,
-    stdin: AsyncIterator[bytes] | None,
-) -> bytes:
-    """The raw status of one exec, read to the end of the stream."""
-    try:
-        opened = await CoreV1Api(client).connect_get_namespaced_pod_exec_without_preload_content(
-            pod,
-            namespace,
-            command=argv,
-            container=container,
-            stdin=stdin is not None,
-            stdout=True,
-            stderr=True,
-            tty=False,
-        )
-        # typed as a response; `_ExecApiClient.request` made it aiohttp's websocket opener
-        connect = cast(AbstractAsyncContextManager[aiohttp.ClientWebSocketResponse], opened)
-        async with connect as ws:
-            if stdin is not None and ws.protocol != PROTOCOL_V5:
+class _Call:
+    """One exec: its stream, and the tails of its output."""
+
+    def __init__(
+        self,
+        client: _ExecApiClient,
+        namespace: str,
+        pod: str,
+        container: str,
+        on_output: OnOutput | None,
+    ) -> None:
+        self.client, self.namespace, self.pod, self.container = client, namespace, pod, container
+        self.on_output = on_output
+        self.where = f"pod {namespace}/{pod}"
+        self.tails = (_Tail(), _Tail())
+
+    async def run(self, argv: list[str], stdin: AsyncIterator[bytes] | None) -> bytes:
+        """The raw status of the exec, read to the end of its stream."""
+        where = self.where
+        try:
+            opened = await CoreV1Api(
+                self.client
+            ).connect_get_namespaced_pod_exec_without_preload_content(
+                self.pod,
+                self.namespace,
+                command=argv,
+                container=self.container,
+                stdin=stdin is not None,
+                stdout=True,
+                stderr=True,
+                tty=False,
+            )
+            # typed as a response; `_ExecApiClient.request` made it aiohttp's websocket opener
+            connect = cast(AbstractAsyncContextManager[aiohttp.ClientWebSocketResponse], opened)
+            async with connect as ws:
+                if stdin is not None and ws.protocol != PROTOCOL_V5:
+                    raise SandboxExecFailed(
+                        f"the API server of {where} cannot close an exec's stdin (it chose "
+                        f"{ws.protocol or 'no subprotocol'}; {PROTOCOL_V5} is needed, "
+                        "Kubernetes ≥ 1.30)"
+                    )
+                try:
+                    async with asyncio.TaskGroup() as tasks:
+                        feeder = None if stdin is None else tasks.create_task(_feed(ws, stdin))
+                        status = await self._read(ws)
+                        if feeder is not None:
+                            feeder.cancel()  # the command ended: the rest of its input is moot
+                except BaseExceptionGroup as failed:
+                    raise failed.exceptions[0] from None
+        except _CallbackFailed as failed:
+            raise failed.args[0] from None
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status == 404:
+                raise SandboxLost(f"{where} is gone: the exec was refused with 404") from e
+            raise SandboxExecFailed(
+                f"the API server refused the exec in {where}: {e.status}"
+            ) from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise SandboxExecFailed(f"the exec stream of {where} broke: {e!r}") from e
+        return status
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> bytes:
+        status: bytes | None = None
+        async for msg in ws:  # ends when the server closes
+            if msg.type is aiohttp.WSMsgType.ERROR:
                 raise SandboxExecFailed(
-                    f"the API server of {where} cannot close an exec's stdin (it chose "
-                    f"{ws.protocol or 'no subprotocol'}; {PROTOCOL_V5} is needed, "
-                    "Kubernetes ≥ 1.30)"
+                    f"the exec stream of {self.where} broke: {ws.exception()!r}"
                 )
+            if msg.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                continue
+            data: bytes = msg.data if msg.type is aiohttp.WSMsgType.BINARY else msg.data.encode()
+            if len(data) < 2:
+                continue  # an empty message opens a channel
+            channel, payload = data[0], data[1:]
+            if channel == ERROR:
+                status = payload if status is None else status + payload
+            elif channel in (STDOUT, STDERR):
+                self.tails[channel - 1].add(payload)
+                if self.on_output is not None:
+                    await self._hand_on("stdout" if channel == STDOUT else "stderr", payload)
+        if status is None:
+            raise SandboxExecFailed(
+                f"the exec stream of {self.where} closed before the command's status "
+                f"(close code {ws.close_code})"
+            )
+        return status
+
+    async def _hand_on(self, name: str, payload: bytes) -> None:
+        assert self.on_output is not None
+        for at in range(0, len(payload), OUTPUT_CHUNK_BYTES):
             try:
-                async with asyncio.TaskGroup() as tasks:
-                    feeder = None if stdin is None else tasks.create_task(_feed(ws, stdin))
-                    status = await _read(ws, where, tails, on_output)
-                    if feeder is not None:
-                        feeder.cancel()  # the command ended: the rest of its input is moot
-            except BaseExceptionGroup as failed:
-                raise failed.exceptions[0] from None
-    except _CallbackFailed as failed:
-        raise failed.error from None
-    except aiohttp.WSServerHandshakeError as e:
-        if e.status == 404:
-            raise SandboxLost(f"{where} is gone: the exec was refused with 404") from e
-        raise SandboxExecFailed(
-            f"the API server refused the exec in {where}: HTTP {e.status}"
-        ) from e
-    except (aiohttp.ClientError, OSError) as e:
-        raise SandboxExecFailed(f"the exec stream of {where} broke: {e!r}") from e
-    return status
+                await self.on_output(name, payload[at : at + OUTPUT_CHUNK_BYTES])
+            except Exception as e:
+                raise _CallbackFailed(e) from e
 
 
 async def _feed(ws: aiohttp.ClientWebSocketResponse, source: AsyncIterator[bytes]) -> None:
@@ -286,44 +312,6 @@ async def _feed(ws: aiohttp.ClientWebSocketResponse, source: AsyncIterator[bytes
         await ws.send_bytes(bytes([CLOSE, STDIN]))
     except (aiohttp.ClientError, ConnectionError):
         return  # the stream closed under us: the reader reports how it ended
-
-
-async def _read(
-    ws: aiohttp.ClientWebSocketResponse,
-    where: str,
-    tails: tuple[_Tail, _Tail],
-    on_output: OnOutput | None,
-) -> bytes:
-    status: bytes | None = None
-    async for msg in ws:  # ends when the server closes
-        if msg.type is aiohttp.WSMsgType.ERROR:
-            raise SandboxExecFailed(f"the exec stream of {where} broke: {ws.exception()!r}")
-        if msg.type is aiohttp.WSMsgType.BINARY:
-            data: bytes = msg.data
-        elif msg.type is aiohttp.WSMsgType.TEXT:
-            data = msg.data.encode()
-        else:
-            continue
-        if len(data) < 2:
-            continue  # an empty message opens a channel
-        channel, payload = data[0], data[1:]
-        if channel in (STDOUT, STDERR):
-            name = "stdout" if channel == STDOUT else "stderr"
-            tails[channel - 1].add(payload)
-            if on_output is not None:
-                for at in range(0, len(payload), OUTPUT_CHUNK_BYTES):
-                    try:
-                        await on_output(name, payload[at : at + OUTPUT_CHUNK_BYTES])
-                    except Exception as e:
-                        raise _CallbackFailed(e) from e
-        elif channel == ERROR:
-            status = payload if status is None else status + payload
-    if status is None:
-        raise SandboxExecFailed(
-            f"the exec stream of {where} closed before the command's status "
-            f"(close code {ws.close_code})"
-        )
-    return status
 
 
 async def copy_in(
@@ -397,7 +385,10 @@ async def copy_out(
     file is removed and `SandboxCopyFailed` (or `SandboxLost`) raised."""
     if gzip_level is not None and not 0 <= gzip_level <= 9:
         raise ValueError(f"gzip_level must be 0-9 or None, not {gzip_level}")
-    sink = await asyncio.to_thread(_Sink.open, dest_tar, gzip_level)
+    try:
+        sink = await asyncio.to_thread(_Sink, dest_tar, gzip_level)
+    except OSError as e:
+        raise SandboxCopyFailed(f"cannot write {dest_tar}: {e}") from e
 
     async def on_output(stream: str, chunk: bytes) -> None:
         if stream == "stdout":
@@ -412,6 +403,9 @@ async def copy_out(
                 f"(exit {result.exit_code}): {result.stderr_tail.decode(errors='replace').strip()}"
             )
         await asyncio.to_thread(sink.finish)
+    except OSError as e:
+        await asyncio.to_thread(sink.discard)
+        raise SandboxCopyFailed(f"cannot write {dest_tar}: {e}") from e
     except BaseException:
         await asyncio.to_thread(sink.discard)
         raise
@@ -420,31 +414,18 @@ async def copy_out(
 class _Sink:
     """The host side of `copy_out`: the tar stream, gzipped or not, into a file."""
 
-    def __init__(self, path: Path, handle: IO[bytes], level: int | None) -> None:
+    def __init__(self, path: Path, level: int | None) -> None:
         self.path = path
-        self.handle = handle
+        self.handle = path.open("wb")
         self.gzip = None if level is None else zlib.compressobj(level, zlib.DEFLATED, 31)
 
-    @classmethod
-    def open(cls, path: Path, level: int | None) -> _Sink:
-        try:
-            return cls(path, path.open("wb"), level)
-        except OSError as e:
-            raise SandboxCopyFailed(f"cannot write {path}: {e}") from e
-
     def write(self, chunk: bytes) -> None:
-        try:
-            self.handle.write(chunk if self.gzip is None else self.gzip.compress(chunk))
-        except OSError as e:
-            raise SandboxCopyFailed(f"cannot write {self.path}: {e}") from e
+        self.handle.write(chunk if self.gzip is None else self.gzip.compress(chunk))
 
     def finish(self) -> None:
-        try:
-            if self.gzip is not None:
-                self.handle.write(self.gzip.flush())
-            self.handle.close()
-        except OSError as e:
-            raise SandboxCopyFailed(f"cannot write {self.path}: {e}") from e
+        if self.gzip is not None:
+            self.handle.write(self.gzip.flush())
+        self.handle.close()
 
     def discard(self) -> None:
         self.handle.close()
