@@ -1,6 +1,7 @@
 """Exit codes and error output of SPEC §10: 0 ok, 2 usage, 3 refused, 4 infrastructure
-unreachable, 1 anything else. Errors print the code, the cause and the remedy; with `--json`
-they print `{"error": {"code", "message", "remedy", "also_needs_force"?}}` on stdout."""
+unreachable, 5 `run` ended failed/failed_resumable/cancelled (v2.2), 1 anything else. Errors
+print the code, the cause and the remedy; with `--json` they print
+`{"error": {"code", "message", "remedy", "also_needs_force"?}}` on stdout."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ EXIT_OTHER = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
+EXIT_RUN_FAILED = 5
+"""`runfleet run`: the run ended `failed`, `failed_resumable` or `cancelled` (a CI gate)."""
 
 
 def exit_code_for(exc: RunfleetError) -> int:

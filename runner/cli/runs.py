@@ -12,6 +12,7 @@ import click
 from engine.loader import load_workflow_file
 from engine.resume import ResumeRequest
 from runner import operations as ops
+from runner.cli.errors import EXIT_RUN_FAILED
 from runner.cli.options import (
     DURATION,
     budget_overrides,
@@ -25,6 +26,9 @@ from runner.operations import open_env
 from runner.operations.retry_wait import waiting_retry
 from store import Event, RunStatus
 
+RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.CANCELLED})
+"""How `runfleet run` can end that a CI job must see as a failure (exit 5, SPEC §10 v2.2)."""
+
 
 @click.command("run")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -33,7 +37,8 @@ from store import Event, RunStatus
 @json_option
 @command
 async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool) -> None:
-    """Execute a workflow in this process (no queue), as a `local` run."""
+    """Execute a workflow in this process (no queue), as a `local` run. Exits 0 when the run
+    ends finished or paused, 5 when it ends failed, failed_resumable or cancelled."""
     loaded = load_workflow_file(file)
     async with open_env() as env:
         doc = await ops.run_local(
@@ -43,6 +48,8 @@ async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool
             on_event=progress_printer(not quiet and not as_json),
         )
     echo_json(run_view(doc)) if as_json else echo_run(doc)
+    if doc.status in RUN_FAILED:
+        raise SystemExit(EXIT_RUN_FAILED)
 
 
 @click.command("resume")
@@ -190,10 +197,17 @@ async def runs_cmd(
 @click.argument("run_id")
 @click.option("--after", type=int, default=0, help="only events after this seq")
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the run stops moving")
+@click.option("--deliveries", is_flag=True, help="merge in what the broker did with each delivery")
 @json_option
 @command
-async def events_cmd(run_id: str, after: int, follow: bool, as_json: bool) -> None:
-    """Print a run's events (with --follow, as they happen)."""
+async def events_cmd(
+    run_id: str, after: int, follow: bool, deliveries: bool, as_json: bool
+) -> None:
+    """Print a run's events (with --follow, as they happen; with --deliveries, merged with its
+    delivery log: claims, acks, nak delays, DLQ records, superseded and duplicate deliveries)."""
+    if deliveries:
+        await _timeline(run_id, after, follow, as_json)
+        return
     collected: list[Event] = []
     async with open_env() as env:
         async for events in ops.event_batches(env, run_id, after=after, follow=follow):
@@ -203,6 +217,34 @@ async def events_cmd(run_id: str, after: int, follow: bool, as_json: bool) -> No
                     click.echo(event_line(event))
     if as_json:
         echo_json({"events": [e.model_dump(mode="json") for e in collected]})
+
+
+async def _timeline(run_id: str, after: int, follow: bool, as_json: bool) -> None:
+    """`events --deliveries` (SPEC v2.2 §10b): the run's events and delivery log, merged."""
+    collected: list[ops.TimelineEntry] = []
+    async with open_env() as env:
+        async for batch in ops.timeline_batches(env, run_id, after=after, follow=follow):
+            collected.extend(batch)
+            if not as_json:
+                for entry in batch:
+                    click.echo(_timeline_line(entry))
+    if as_json:
+        echo_json({"events": [entry.as_json() for entry in collected]})
+
+
+def _timeline_line(entry: ops.TimelineEntry) -> str:
+    if entry.event is not None:
+        return event_line(entry.event)
+    d = entry.delivery
+    assert d is not None
+    extra = [f"seq={d.stream_seq}", f"attempt={d.attempt}"]
+    if d.delay is not None:
+        extra.append(f"delay={d.delay:g}s")
+    if d.record_id is not None:
+        extra.append(f"record={d.record_id}")
+    extra.append(f"runner={d.runner}")
+    what = f"{d.action} {d.reason}"
+    return f"{d.at.strftime('%H:%M:%S')} d{d.num_delivered:<4} {what:<24} {' '.join(extra)}"
 
 
 @click.command("rewind")
