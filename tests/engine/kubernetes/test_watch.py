@@ -1,22 +1,15 @@
-"""The continuity watch against a scripted API server, and the pod-side quiesce (SPEC §7.2, §7.3).
+"""The continuity watch against a scripted API server (SPEC §7.2).
 
-`FakePodsApi` is a small aiohttp server on 127.0.0.1 that serves the pod list and `?watch=1`
-streams (newline-delimited JSON watch events) to the real `kubernetes.aio` client: each watch
-request becomes a `WatchCall` the test scripts (send an event, end the stream, abort the
-connection, send a 410 ERROR). Every wait is on a queue or an event with a deadline.
-
-The quiesce runs in a fresh user + PID namespace (`unshare`), like a container: it must never see,
-let alone stop, the host's processes.
+`FakePodsApi` (fake_pods_api.py) is served by aiohttp on 127.0.0.1 to the real `kubernetes.aio`
+client; each watch request becomes a `WatchCall` the test scripts (send an event, end the stream,
+abort the connection, send a 410 ERROR). Every wait is on a queue or an event with a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -24,67 +17,16 @@ from aiohttp import web
 from kubernetes.aio import client
 
 from engine.sandbox.kubernetes import watch as watch_module
-from engine.sandbox.kubernetes.watch import (
-    PodWatch,
-    judge_event,
-    judge_pod,
-    parse_quiesce_report,
-    quiesce_command,
-    quiesce_script,
+from engine.sandbox.kubernetes.watch import PodWatch, judge_event, judge_pod
+from tests.engine.kubernetes.fake_pods_api import (
+    NAME,
+    NS,
+    UID,
+    WAIT_S,
+    FakePodsApi,
+    pod,
+    pod_dict,
 )
-
-NS = "runs"
-NAME = "rf-run1-tok1"
-UID = "uid-started"
-WAIT_S = 5.0
-
-
-def pod_dict(
-    *,
-    uid: str = UID,
-    phase: str = "Running",
-    reason: str | None = None,
-    message: str | None = None,
-    ready: str = "True",
-    deleting: bool = False,
-    disruption: str | None = None,
-    terminated: tuple[str, int] | None = None,
-) -> dict[str, Any]:
-    conditions: list[dict[str, Any]] = [{"type": "Ready", "status": ready}]
-    if disruption:
-        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption})
-    meta: dict[str, Any] = {"name": NAME, "namespace": NS, "uid": uid, "resourceVersion": "7"}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-12-01T12:00:00Z"
-    status: dict[str, Any] = {"phase": phase, "conditions": conditions}
-    if reason:
-        status["reason"] = reason
-    if message:
-        status["message"] = message
-    if terminated:
-        ended = {"reason": terminated[0], "exitCode": terminated[1]}
-        status["containerStatuses"] = [
-            {
-                "name": "main",
-                "image": "busybox",
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {"terminated": ended},
-            }
-        ]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
-        "status": status,
-    }
-
-
-def pod(**kw: Any) -> client.V1Pod:
-    return client.V1Pod.model_validate(pod_dict(**kw))
-
 
 # -- judge_pod: the decision as a table ----------------------------------------------------------
 
@@ -132,91 +74,6 @@ def test_judge_event_deleted_of_our_uid_is_deleted_even_if_the_pod_looked_health
     assert judge_event("MODIFIED", pod(), UID) is None
     replaced = judge_event("DELETED", pod(uid="uid-old"), UID)
     assert replaced is not None and replaced.reason == "replaced"
-
-
-# -- the scripted API server ---------------------------------------------------------------------
-
-
-@dataclass
-class WatchCall:
-    query: dict[str, str]
-    actions: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
-    closed: asyncio.Event = field(default_factory=asyncio.Event)
-    sent_at: list[float] = field(default_factory=list)
-
-    def send(self, kind: str, obj: dict[str, Any]) -> None:
-        self.actions.put_nowait(("event", {"type": kind, "object": obj}))
-
-    def gone_410(self) -> None:
-        status = {"kind": "Status", "status": "Failure", "reason": "Expired", "code": 410}
-        status["message"] = "too old resource version"
-        self.actions.put_nowait(("event", {"type": "ERROR", "object": status}))
-
-    def end(self) -> None:
-        self.actions.put_nowait(("end", None))
-
-    def abort(self) -> None:
-        self.actions.put_nowait(("abort", None))
-
-
-class FakePodsApi:
-    def __init__(self) -> None:
-        self.pod: dict[str, Any] | None = pod_dict()
-        self.resource_version = 100
-        self.lists: list[dict[str, str]] = []
-        self.watches: asyncio.Queue[WatchCall] = asyncio.Queue()
-        self.open_calls: list[WatchCall] = []
-        self.list_refusals: list[int] = []
-        self.watch_refusals: list[int] = []
-        """HTTP statuses to answer the next lists / watch requests with, in order."""
-        self.refused: list[tuple[str, int]] = []
-
-    async def pods(self, request: web.Request) -> web.StreamResponse:
-        assert request.match_info["ns"] == NS
-        query = dict(request.query)
-        watching = query.get("watch") in ("true", "True", "1")
-        refusals = self.watch_refusals if watching else self.list_refusals
-        if refusals:
-            code = refusals.pop(0)
-            self.refused.append(("watch" if watching else "list", code))
-            status = {"kind": "Status", "status": "Failure", "code": code, "message": "refused"}
-            return web.json_response(status, status=code)
-        if watching:
-            return await self._watch(request, query)
-        self.resource_version += 1
-        self.lists.append(query)
-        return web.json_response(
-            {
-                "apiVersion": "v1",
-                "kind": "PodList",
-                "metadata": {"resourceVersion": str(self.resource_version)},
-                "items": [self.pod] if self.pod is not None else [],
-            }
-        )
-
-    async def _watch(self, request: web.Request, query: dict[str, str]) -> web.StreamResponse:
-        call = WatchCall(query)
-        self.open_calls.append(call)
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        self.watches.put_nowait(call)
-        try:
-            while True:
-                kind, payload = await call.actions.get()
-                if kind == "end":
-                    await response.write_eof()
-                    return response
-                if kind == "abort":
-                    assert request.transport is not None
-                    request.transport.abort()
-                    return response
-                call.sent_at.append(asyncio.get_running_loop().time())
-                await response.write(json.dumps(payload).encode() + b"\n")
-        finally:
-            call.closed.set()
-
-    async def next_watch(self) -> WatchCall:
-        return await asyncio.wait_for(self.watches.get(), WAIT_S)
 
 
 @dataclass
@@ -454,77 +311,3 @@ async def test_watch_initial_list_without_the_pod_is_loss_at_once(harness: Harne
     finally:
         watch.stop()
         await asyncio.wait_for(task, WAIT_S)
-
-
-# -- the quiesce before the bank (§7.3) -----------------------------------------------------------
-
-needs_unshare = pytest.mark.skipif(
-    shutil.which("unshare") is None
-    or subprocess.run(["unshare", "-Urpf", "--mount-proc", "true"], check=False).returncode != 0,
-    reason="needs unprivileged user + PID namespaces (unshare -Urpf)",
-)
-
-_TREE = r"""
-sleep 300 & a=$!
-sh -c 'while :; do :; done' & b=$!
-sh -c 'sleep 300 & wait' & c=$!
-@RUN@
-echo "rc=$?"
-for p in $a $b $c; do read -r l < /proc/$p/stat; s=${l##*) }; echo "state ${s%% *}"; done
-echo "alive"
-"""
-
-
-def _in_pid_namespace(run: str, quiesce: str) -> subprocess.CompletedProcess[str]:
-    """The tree as a pod: PID 1 is the shell that started it (the pause process's place); `run`
-    finds the quiesce script in `$Q`."""
-    argv = ["unshare", "-Urpf", "--mount-proc", "sh", "-c", _TREE.replace("@RUN@", run)]
-    env = {"Q": quiesce, "PATH": "/usr/bin:/bin"}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, env=env)
-
-
-def _states(result: subprocess.CompletedProcess[str]) -> list[str]:
-    return [line.split()[1] for line in result.stdout.splitlines() if line.startswith("state")]
-
-
-@needs_unshare
-def test_quiesce_stops_every_process_of_the_pod_except_its_own() -> None:
-    """`quiesce_command` as an exec of its own; the tar runs after it."""
-    sh, dash_c, script = quiesce_command()
-    result = _in_pid_namespace(f'{sh} {dash_c} "$Q"', script)
-    assert _states(result) == ["T", "T", "T"], result
-    assert parse_quiesce_report(result.stderr).quiesced, result
-    assert "alive" in result.stdout  # PID 1 (the pod's init) was left alone
-
-
-@needs_unshare
-def test_quiesce_as_a_prefix_keeps_the_tar() -> None:
-    """`<script>; exec tar ...`: `$$` is the shell that becomes the tar, and it runs."""
-    result = _in_pid_namespace('sh -c "$Q; exec echo tar-ran"', quiesce_script("$$"))
-    assert "tar-ran" in result.stdout, result
-    assert _states(result) == ["T", "T", "T"], result
-    assert parse_quiesce_report(result.stderr).quiesced, result
-
-
-@needs_unshare
-def test_quiesce_that_could_not_stop_a_process_reports_unquiesced() -> None:
-    """A process the quiesce may not signal (another user's, in the real pod) stays running: a
-    `kill` that fails stands in for EPERM, and the report names what was left."""
-    result = _in_pid_namespace('sh -c "kill() { return 1; }; $Q"', quiesce_script())
-    report = parse_quiesce_report(result.stderr)
-    assert not report.quiesced, result
-    assert any(" sleep" in u for u in report.unstopped), report
-    assert "T" not in _states(result)
-
-
-def test_quiesce_report_without_done_is_unquiesced() -> None:
-    assert not parse_quiesce_report("sh: not found\n").quiesced
-    assert not parse_quiesce_report("runfleet-quiesce: no-proc\n").quiesced
-    assert parse_quiesce_report("runfleet-quiesce: done unstopped=0\n").quiesced
-
-
-def test_quiesce_keep_pid_is_a_pid_or_a_variable_never_shell_text() -> None:
-    assert "keep=$TAR_PID;" in quiesce_script("$TAR_PID")
-    assert "keep=42;" in quiesce_script("42")
-    with pytest.raises(ValueError):
-        quiesce_script("1; rm -rf /")
