@@ -97,6 +97,21 @@ def dlq_stream_config(names: WireNames, s: WireSettings) -> StreamConfig:
     )
 
 
+def delivery_stream_config(names: WireNames, s: WireSettings) -> StreamConfig:
+    """The delivery log (SPEC v2.2 §10b): what runners did with each delivery, kept for
+    `RUNFLEET_DELIVERY_LOG_TTL`. Limits retention, never read by a consumer that acks."""
+    return StreamConfig(
+        name=names.delivery_stream,
+        subjects=[names.delivery_subject("*")],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=s.delivery_log_ttl.total_seconds(),
+        # The server refuses a duplicate window longer than the max age.
+        duplicate_window=min(SERVER_DEFAULT_DUPLICATE_WINDOW, s.delivery_log_ttl.total_seconds()),
+        num_replicas=s.stream_replicas,
+    )
+
+
 async def _ensure_stream(js: JetStreamContext, want: StreamConfig, report: EnsureReport) -> None:
     assert want.name is not None
     try:
@@ -158,4 +173,5 @@ async def ensure_streams(
     await _ensure_stream(js, advisory_stream_config(names, settings), report)
     await _ensure_consumer(js, names.advisory_stream, backstop_consumer_config(names), report)
     await _ensure_stream(js, dlq_stream_config(names, settings), report)
+    await _ensure_stream(js, delivery_stream_config(names, settings), report)
     return report

@@ -74,6 +74,14 @@ class WireNames:
     def control_subject(self, run_id: str) -> str:
         return self._s(f"runfleet.control.{run_id}")
 
+    @property
+    def delivery_stream(self) -> str:
+        return self._n("RUNFLEET_DELIVERIES")
+
+    def delivery_subject(self, run_id: str) -> str:
+        """`runfleet.deliveries.<run_id>` (SPEC v2.2 §10b); `*` for the stream's subjects."""
+        return self._s(f"runfleet.deliveries.{run_id}")
+
 
 class ResumeCopy(BaseModel):
     """A copy of the resume's request, for logs only: the claim reads `resume_spec`."""

@@ -324,6 +324,16 @@ class Backstop:
             replayable=replayable,
         )
         self.svc.metrics.dlq_records.labels(reason=reason).inc()
+        await self.svc.delivery_log.record(
+            message.run_id if message else None,
+            seq,
+            self.svc.wire.max_deliver,
+            "dlq",
+            reason,
+            record_id=seq,
+            attempt=message.attempt if message else None,
+            runner=f"backstop:{self.svc.owner}",
+        )
 
     async def _delete(self, seq: int) -> None:
         """Delete by sequence; a message someone else removed meanwhile (a runner's last ack,

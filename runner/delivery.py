@@ -64,7 +64,7 @@ async def _nak_transient(svc: RunnerServices, delivery: Delivery, reason: str) -
         svc.settings.transient_delay_cap,
     )
     await delivery.nak(delay)
-    svc.metrics.delivery("nak", reason)
+    await svc.delivery_log.disposed(delivery, "nak", reason, delay=delay)
 
 
 async def dead_letter(
@@ -77,7 +77,7 @@ async def dead_letter(
     replayable: bool = True,
 ) -> None:
     """Record, then ack (confirmed): nothing is dropped, not even bytes we cannot decode."""
-    await svc.dlq.put(
+    record = await svc.dlq.put(
         seq=delivery.info.stream_seq,
         body=delivery.data,
         headers=delivery.headers,
@@ -91,15 +91,16 @@ async def dead_letter(
     )
     svc.metrics.dlq_records.labels(reason=reason).inc()
     await delivery.ack_sync()
-    svc.metrics.delivery("dlq", reason)
+    await svc.delivery_log.disposed(delivery, "dlq", reason, record_id=record.id)
 
 
 async def _handle(svc: RunnerServices, delivery: Delivery) -> None:
     if svc.draining and not delivery.info.is_last:
         # Fetched after SIGTERM: another runner takes it a second later (SPEC §5.1). The last
         # delivery is judged instead: a nak there would send it to the backstop (§5.8).
-        await delivery.nak(svc.settings.drain_nak_delay.total_seconds())
-        svc.metrics.delivery("nak", "draining")
+        delay = svc.settings.drain_nak_delay.total_seconds()
+        await delivery.nak(delay)
+        await svc.delivery_log.disposed(delivery, "nak", "draining", delay=delay)
         return
     # Step 1: decode and validate.
     try:
@@ -111,8 +112,9 @@ async def _handle(svc: RunnerServices, delivery: Delivery) -> None:
         if delivery.info.is_last:
             await dead_letter(svc, delivery, None, "unsupported_schema", exc.message)
         else:
-            await delivery.nak(svc.settings.unsupported_schema_delay.total_seconds())
-            svc.metrics.delivery("nak", "unsupported_schema")
+            delay = svc.settings.unsupported_schema_delay.total_seconds()
+            await delivery.nak(delay)
+            await svc.delivery_log.disposed(delivery, "nak", "unsupported_schema", delay=delay)
         return
     for _ in range(svc.settings.claim_retries + 1):
         try:
@@ -148,8 +150,9 @@ async def _admit(
     except RunNotFound:
         age = utcnow() - message.published_at
         if age < svc.settings.young_message and not delivery.info.is_last:
-            await delivery.nak(svc.settings.lagging_delay.total_seconds())
-            svc.metrics.delivery("nak", "run_not_found_yet")
+            delay = svc.settings.lagging_delay.total_seconds()
+            await delivery.nak(delay)
+            await svc.delivery_log.disposed(delivery, "nak", "run_not_found_yet", delay=delay)
         else:
             detail = f"no run {message.run_id}"
             await dead_letter(svc, delivery, message, "run_not_found", detail, replayable=False)
@@ -167,12 +170,12 @@ async def _admit(
         ):
             log.warning("run %s: repaired its missing %s event", run.run_id, run.status)
         await delivery.ack()
-        svc.metrics.delivery("ack", decision.reason)
+        await svc.delivery_log.disposed(delivery, "ack", decision.reason)
         log.info("run %s attempt %s: %s", run.run_id, message.attempt, decision.reason)
         return None
     if isinstance(decision, Nak):
         await delivery.nak(decision.delay)
-        svc.metrics.delivery("nak", decision.reason)
+        await svc.delivery_log.disposed(delivery, "nak", decision.reason, delay=decision.delay)
         return None
     if isinstance(decision, Dead):
         if decision.reason == "no_claim_path":
@@ -185,7 +188,7 @@ async def _admit(
             return "again"
         await svc.store.append_event(run.run_id, "run_cancelled", {}, attempt=run.attempt)
         await delivery.ack()
-        svc.metrics.delivery("ack", "cancelled")
+        await svc.delivery_log.disposed(delivery, "ack", "cancelled")
         return None
     if isinstance(decision, Refuse):
         parked = await park_refusal(
@@ -195,7 +198,7 @@ async def _admit(
             return "again"
         await _refusal_event(svc, parked, decision)
         await delivery.ack()
-        svc.metrics.delivery("ack", f"refused_{decision.kind}")
+        await svc.delivery_log.disposed(delivery, "ack", f"refused_{decision.kind}")
         return None
     assert isinstance(decision, Claim)
     if svc.draining and decision.path == "fresh":
@@ -215,6 +218,7 @@ async def _admit(
         svc.metrics.claims.labels(path=decision.path, outcome="lost").inc()
         return "again"
     svc.metrics.claims.labels(path=decision.path, outcome="won").inc()
+    await svc.delivery_log.note(delivery, "claim", decision.path)
     svc.metrics.queue_wait.observe(max((now - message.published_at).total_seconds(), 0.0))
     return _Claimed(claimed, decision.path)
 
@@ -255,7 +259,13 @@ async def _execute(
             events.deadline = held.keeper.seconds_left
             outcome = await _run(svc, execution, path)
             plan = await dispose_outcome(svc, delivery, message, execution, events, outcome)
-            svc.metrics.delivery(plan.action, plan.reason)
+            await svc.delivery_log.disposed(
+                delivery,
+                plan.action,
+                plan.reason,
+                delay=plan.delay if plan.action == "nak" else None,
+                record_id=plan.record_id,
+            )
             svc.metrics.run_duration.labels(status=status_label(plan.reason)).observe(
                 time.monotonic() - started
             )

@@ -35,6 +35,8 @@ class Plan:
     action: str
     delay: float = 0.0
     reason: str = ""
+    record_id: int | None = None
+    """The DLQ record of a parked run, for the delivery log (SPEC v2.2 §10b)."""
 
 
 async def dispose_outcome(
@@ -224,7 +226,7 @@ async def _park(
         return Plan("ack", reason="cancelled")
     svc.metrics.dlq_records.labels(reason=record.reason).inc()
     await events.emit("run_dlq_parked", reason=record.reason, record_id=record.id)
-    return Plan("ack", reason="dlq_parked")
+    return Plan("ack", reason="dlq_parked", record_id=record.id)
 
 
 async def _withdraw(svc: RunnerServices, record_id: int) -> None:
@@ -248,8 +250,8 @@ async def _handoff(
         # RUNNER_INTERRUPTED is written and auto-resumable: once the lease expires, the
         # redelivery's auto-retry claim takes the run (it spends one delivery, no more).
         log.warning("run %s: handoff CAS failed (%r); nak", run_id, exc)
-        await _nak_quietly(delivery, svc, "store_unreachable")
-        return Plan("nak", reason="store_unreachable")
+        delay = await _nak_quietly(delivery, svc, "store_unreachable")
+        return Plan("nak", delay, reason="store_unreachable")
     if isinstance(result, CasConflict):
         current = result.current
         if current is None or current.lease is None or current.lease.token != writer.token:
@@ -279,7 +281,7 @@ async def _handoff_cas(svc: RunnerServices, execution: Execution) -> RunDocument
     )
 
 
-async def _nak_quietly(delivery: Delivery, svc: RunnerServices, reason: str) -> None:
+async def _nak_quietly(delivery: Delivery, svc: RunnerServices, reason: str) -> float:
     delay = transient_delay(
         FailureCode.INTERNAL_ERROR,
         delivery.info.num_delivered,
@@ -290,3 +292,4 @@ async def _nak_quietly(delivery: Delivery, svc: RunnerServices, reason: str) -> 
         await delivery.nak(delay)
     except Exception as exc:  # noqa: BLE001 - redelivered after ack_wait anyway
         log.warning("nak (%s) not sent (%r)", reason, exc)
+    return delay

@@ -49,7 +49,7 @@ async def hand_on(svc: RunnerServices, delivery: Delivery, run: RunDocument, now
         return False
     await publish_handoff(svc, result)
     await delivery.ack_sync()
-    svc.metrics.delivery("ack", "handed_on")
+    await svc.delivery_log.disposed(delivery, "ack", "handed_on")
     log.info("run %s: last delivery handed on as attempt %d (draining)", run.run_id, attempt + 1)
     return True
 

@@ -7,6 +7,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 
 from nats.aio.client import Client
@@ -22,6 +23,7 @@ from publisher.publisher import Publisher
 from publisher.wire import WireNames
 from runner.admission import AdmissionTiming
 from runner.config import RunnerSettings
+from runner.delivery_log import DeliveryLog
 from runner.metrics import RunnerMetrics
 from store import BlobStore, RunStore
 
@@ -58,6 +60,11 @@ class RunnerServices:
             busy_last=self.engine.unwind_ceiling + lease.ttl,
             lagging_delay=self.settings.lagging_delay,
         )
+
+    @cached_property
+    def delivery_log(self) -> DeliveryLog:
+        """Counts each disposition and records it on the delivery log (SPEC v2.2 §10b)."""
+        return DeliveryLog(self.nc, self.names, self.owner, self.metrics)
 
     @property
     def engine_env(self) -> EngineEnv:

@@ -7,8 +7,8 @@ Each operation takes an open `Env` and parsed arguments; it returns a typed valu
 (`errors.is_unreachable`); NATS's own errors are translated where the connection is opened.
 Printing, prompting and flag parsing belong to the caller.
 
-    runs   launch, run_local, get_run, list_runs, event_batches, resume, resume_local, cancel,
-           rewind
+    runs   launch, run_local, get_run, list_runs, event_batches, timeline_batches, resume,
+           resume_local, cancel, rewind
     dlq    list_records, select_records, show_record, replay_records, purge_records
     fleet  ensure_wire, sweep, plan_gc, collect_garbage
 """
@@ -32,6 +32,7 @@ from runner.operations.models import (
     SweepResult,
 )
 from runner.operations.runs import (
+    TimelineEntry,
     cancel,
     event_batches,
     get_run,
@@ -41,6 +42,7 @@ from runner.operations.runs import (
     resume_local,
     rewind,
     run_local,
+    timeline_batches,
 )
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "ReplayOutcome",
     "ReplayReport",
     "SweepResult",
+    "TimelineEntry",
     "cancel",
     "collect_garbage",
     "ensure_wire",
@@ -74,4 +77,5 @@ __all__ = [
     "select_records",
     "show_record",
     "sweep",
+    "timeline_batches",
 ]

@@ -10,14 +10,17 @@ keeps — and an operation only wires them to the environment.
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import timedelta
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from engine import local as engine_local
 from engine import rewind as engine_rewind
 from engine.loader import LoadedWorkflow
 from engine.resume import ResumeRequest
+from runner.delivery_log import DeliveryEntry, read_deliveries
 from runner.operations.env import Env
 from runner.operations.retry_wait import will_retry
 from store import Event, RunDocument, RunPage, RunQuery, RunStatus, utcnow
@@ -103,6 +106,64 @@ async def event_batches(
         if not still_moving(run) and not events:
             return
         await asyncio.sleep(FOLLOW_POLL_S)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One line of a run's merged timeline (SPEC v2.2 §10b): an event of the run, or an entry
+    of the delivery log about one of its deliveries."""
+
+    at: datetime
+    source: Literal["event", "delivery"]
+    event: Event | None = None
+    delivery: DeliveryEntry | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        item = self.event if self.event is not None else self.delivery
+        assert item is not None
+        return {"source": self.source, **item.model_dump(mode="json")}
+
+
+def merge_timeline(
+    events: Sequence[Event], deliveries: Sequence[DeliveryEntry]
+) -> list[TimelineEntry]:
+    """Merge by time, keeping each source's own order (event seq, log sequence): two clocks
+    that disagree by a millisecond never reorder a run's events among themselves."""
+    return list(
+        heapq.merge(
+            (TimelineEntry(e.at, "event", event=e) for e in events),
+            (TimelineEntry(d.at, "delivery", delivery=d) for d in deliveries),
+            key=lambda t: t.at,
+        )
+    )
+
+
+async def timeline_batches(
+    env: Env, run_id: str, *, after: int = 0, follow: bool = False
+) -> AsyncIterator[list[TimelineEntry]]:
+    """A run's events and its delivery-log entries, merged in order by time (SPEC v2.2 §10b),
+    in batches as they are read; `after` and `follow` as in `event_batches` (`after` is an
+    event seq: the log is read whole). Without `follow` the one
+    batch is the whole timeline, in order; while following, each batch is ordered and comes
+    after the ones before it."""
+    await env.store.get_run(run_id)  # run_not_found before anything else
+    after_event, after_log = after, 0
+    async with env.publisher() as publisher:
+        while True:
+            events = await env.store.read_events(run_id, after_seq=after_event, limit=EVENTS_PAGE)
+            logged = await read_deliveries(publisher.js, publisher.names, run_id, after=after_log)
+            if events:
+                after_event = events[-1].seq
+            if logged:
+                after_log = logged[-1][0]
+            if events or logged:
+                yield merge_timeline(events, [entry for _, entry in logged])
+            if not follow:
+                return
+            run = await env.store.get_run(run_id)
+            if not still_moving(run) and not events and not logged:
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
 
 
 async def resume(

@@ -19,6 +19,7 @@ def every_name(names: WireNames) -> set[str]:
         names.advisory_stream,
         f"{names.advisory_stream}/{names.backstop_consumer}",
         names.dlq_stream,
+        names.delivery_stream,
     }
 
 

@@ -1,0 +1,258 @@
+"""The delivery log (SPEC v2.2 §10b): each disposition a runner makes (and each claim) is a
+fire-and-forget message on `runfleet.deliveries.<run_id>` in `RUNFLEET_DELIVERIES`, never a
+write on the run (§13.2); `runfleet events RUN --deliveries` merges it with the run's events.
+Real nats-server, real SQLite store, in-process runners; the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import RetentionPolicy, StorageType
+
+from engine.local import new_run_id
+from publisher import WireNames, WireSettings, ensure_streams
+from runner.delivery_log import UNATTRIBUTED, DeliveryEntry, DeliveryLog, read_deliveries
+from runner.runner import Runner
+from store import RunStatus, utcnow
+from tests.runner.callables import body, bound_drain, lease, new_run, publish_raw, workflow
+from tests.runner.conftest import Fleet, eventually
+from tests.runner.procs import run_cli
+from tests.support.nats_server import NatsServer
+
+S = RunStatus
+SEVEN_DAYS_S = 7 * 24 * 3600.0
+
+
+@pytest.fixture(autouse=True)
+async def _quick_drain(fleet: Fleet) -> AsyncIterator[None]:
+    yield
+    bound_drain(fleet.runners)
+
+
+@pytest.fixture
+async def runner(fleet: Fleet) -> Runner:
+    return await fleet.start_runner(sweeper=False, backstop=False)
+
+
+@pytest.fixture
+def gates(tmp_path: Path) -> Path:
+    d = tmp_path / "gates"
+    d.mkdir()
+    return d
+
+
+async def log_of(fleet: Fleet, run_id: str) -> list[DeliveryEntry]:
+    return [entry for _, entry in await read_deliveries(fleet.js, fleet.names, run_id)]
+
+
+async def wait_log(
+    fleet: Fleet, run_id: str, done: Callable[[list[DeliveryEntry]], bool], within: float = 15.0
+) -> list[DeliveryEntry]:
+    """Poll the run's log until `done` holds (the publish is fire-and-forget)."""
+
+    async def probe() -> list[DeliveryEntry] | None:
+        entries = await log_of(fleet, run_id)
+        return entries if done(entries) else None
+
+    return await eventually(probe, within=within)
+
+
+def actions(entries: list[DeliveryEntry]) -> list[tuple[str, str]]:
+    return [(e.action, e.reason) for e in entries]
+
+
+async def publish(
+    fleet: Fleet, run_id: str, attempt: int, published_at: datetime | None = None
+) -> int:
+    ack = await publish_raw(
+        fleet.js,
+        fleet.names.runs_subject,
+        body(run_id, attempt, published_at=published_at),
+        run_id=run_id,
+        attempt=attempt,
+    )
+    return int(ack.seq)
+
+
+async def test_a_launched_runs_delivery_log_shows_its_claim_and_its_ack(
+    fleet: Fleet, runner: Runner
+) -> None:
+    run = await fleet.launch(workflow("hello").source)
+    done = await fleet.wait_status(run.run_id, "finished")
+    assert done.publication is not None
+    seq = done.publication.stream_seq
+    entries = await wait_log(fleet, run.run_id, lambda es: ("ack", "finished") in actions(es))
+    assert actions(entries) == [("claim", "fresh"), ("ack", "finished")]
+    for entry in entries:
+        assert (entry.run_id, entry.stream_seq, entry.num_delivered) == (run.run_id, seq, 1)
+        assert (entry.attempt, entry.runner, entry.v) == (1, runner.owner, 1)
+        assert entry.delay is None and entry.record_id is None
+    assert entries[0].at <= entries[1].at
+
+
+async def test_a_transient_failure_is_logged_as_a_nak_with_its_delay(
+    fleet: Fleet, runner: Runner, gates: Path
+) -> None:
+    run = await fleet.launch(
+        workflow("flaky").source, {"dir": str(gates), "failures": 1, "code": "SANDBOX_LOST"}
+    )
+    await fleet.wait_status(run.run_id, "finished")
+    entries = await wait_log(fleet, run.run_id, lambda es: ("ack", "finished") in actions(es))
+    assert actions(entries) == [
+        ("claim", "fresh"),
+        ("nak", "transient"),
+        ("claim", "auto_retry"),
+        ("ack", "finished"),
+    ]
+    nak = entries[1]
+    assert nak.delay is not None
+    assert nak.delay == pytest.approx(0.2)  # RUNFLEET_TRANSIENT_DELAY, the ladder's first step
+    assert [e.num_delivered for e in entries] == [1, 1, 2, 2]
+    # The redelivery came after the delay the log names.
+    assert (entries[2].at - nak.at).total_seconds() >= nak.delay - 0.01
+
+
+async def test_a_superseded_delivery_is_logged_and_writes_nothing_on_its_run(
+    fleet: Fleet, runner: Runner
+) -> None:
+    """§13.2: a superseded delivery writes nothing on its run — the log is not the run."""
+    run_id = new_run_id()
+    await fleet.store.create_run(new_run("hello", run_id=run_id, status=S.QUEUED, attempt=2))
+    before = await fleet.store.get_run(run_id)
+    seq = await publish(fleet, run_id, 1)
+    [entry] = await wait_log(fleet, run_id, lambda es: bool(es))
+    assert (entry.action, entry.reason) == ("ack", "superseded")
+    assert (entry.stream_seq, entry.attempt, entry.num_delivered) == (seq, 1, 1)
+    after = await fleet.store.get_run(run_id)
+    assert after == before and after.version == before.version
+    assert await fleet.store.read_events(run_id) == []
+
+
+async def test_a_duplicate_delivery_is_logged_and_writes_nothing_on_its_run(
+    fleet: Fleet, runner: Runner
+) -> None:
+    """§13.2: a second copy of a live execution's attempt is acked `duplicate`, logged, and
+    writes nothing. The owner's lease is long (no refresh writes during the test)."""
+    run_id = new_run_id()
+    owner = lease(1, stream_seq=10**9, ttl=60.0)  # the owner claimed another copy
+    await fleet.store.create_run(new_run("hello", run_id=run_id, status=S.RUNNING, lease=owner))
+    before = await fleet.store.get_run(run_id)
+    seq = await publish(fleet, run_id, 1)
+    [entry] = await wait_log(fleet, run_id, lambda es: bool(es))
+    assert (entry.action, entry.reason) == ("ack", "duplicate")
+    assert (entry.stream_seq, entry.attempt) == (seq, 1)
+    after = await fleet.store.get_run(run_id)
+    assert after == before and after.version == before.version
+    assert await fleet.store.read_events(run_id) == []
+
+
+async def test_a_dead_lettered_poison_message_is_logged_as_dlq_with_its_record_id(
+    fleet: Fleet, runner: Runner
+) -> None:
+    # A message for no run, older than a lagging read: `run_not_found`, logged under its run id.
+    lost = str(uuid.uuid4())
+    old = utcnow() - timedelta(minutes=5)
+    seq = await publish(fleet, lost, 1, published_at=old)
+    [entry] = await wait_log(fleet, lost, lambda es: bool(es))
+    assert (entry.action, entry.reason, entry.record_id) == ("dlq", "run_not_found", seq)
+    assert (await fleet.dlq.get(seq)).id == entry.record_id
+    # Bytes that are no message at all: no run id, so logged under the unattributed subject.
+    junk = await publish_raw(fleet.js, fleet.names.runs_subject, b"\xff not json")
+    [poison] = await wait_log(
+        fleet, UNATTRIBUTED, lambda es: any(e.stream_seq == junk.seq for e in es)
+    )
+    assert (poison.action, poison.reason, poison.record_id) == ("dlq", "malformed", junk.seq)
+    assert poison.run_id is None and poison.attempt is None
+    assert (await fleet.dlq.get(junk.seq)).reason == "malformed"
+
+
+async def test_events_deliveries_json_merges_the_runs_events_and_its_log_in_time_order(
+    fleet: Fleet, runner: Runner, gates: Path
+) -> None:
+    run = await fleet.launch(
+        workflow("flaky").source, {"dir": str(gates), "failures": 1, "code": "SANDBOX_LOST"}
+    )
+    await fleet.wait_status(run.run_id, "finished")
+    await wait_log(fleet, run.run_id, lambda es: ("ack", "finished") in actions(es))
+    result = await run_cli(fleet, "events", run.run_id, "--deliveries", "--json")
+    assert result.returncode == 0, result.stderr
+    timeline = json.loads(result.stdout)["events"]
+    times = [datetime.fromisoformat(item["at"]) for item in timeline]
+    assert times == sorted(times)
+    events = [item for item in timeline if item["source"] == "event"]
+    logged = [item for item in timeline if item["source"] == "delivery"]
+    stored = await fleet.store.read_events(run.run_id)
+    assert [e["seq"] for e in events] == [e.seq for e in stored]  # every event, in seq order
+    assert [(d["action"], d["reason"]) for d in logged] == [
+        ("claim", "fresh"),
+        ("nak", "transient"),
+        ("claim", "auto_retry"),
+        ("ack", "finished"),
+    ]
+
+    def where(pred: Callable[[dict[str, object]], bool]) -> int:
+        return next(i for i, item in enumerate(timeline) if pred(item))
+
+    scheduled = where(lambda i: i.get("type") == "run_retry_scheduled")
+    nak = where(lambda i: i.get("action") == "nak")
+    second_claim = where(lambda i: i.get("reason") == "auto_retry")
+    finished = where(lambda i: i.get("type") == "run_finished")
+    ack = where(lambda i: i.get("action") == "ack")
+    assert scheduled < nak < second_claim < finished < ack
+    assert timeline[nak]["delay"] == pytest.approx(0.2)
+    # The text view says the same in one line per entry.
+    text = await run_cli(fleet, "events", run.run_id, "--deliveries")
+    assert text.returncode == 0, text.stderr
+    assert "nak transient" in text.stdout and "delay=0.2s" in text.stdout
+    assert "run_retry_scheduled" in text.stdout
+
+
+async def test_streams_ensure_creates_the_delivery_log_with_the_configured_max_age(
+    fleet: Fleet,
+) -> None:
+    # The fleet's own ensure: the default max age, 7 days.
+    cfg = (await fleet.js.stream_info(fleet.names.delivery_stream)).config
+    assert cfg.subjects == [fleet.names.delivery_subject("*")]
+    assert cfg.retention == RetentionPolicy.LIMITS
+    assert cfg.storage == StorageType.FILE
+    assert cfg.max_age == pytest.approx(SEVEN_DAYS_S)
+    # `runfleet streams ensure` reads RUNFLEET_DELIVERY_LOG_TTL.
+    other = WireNames(f"t{uuid.uuid4().hex[:16]}")
+    result = await run_cli(
+        fleet,
+        "streams",
+        "ensure",
+        env={"RUNFLEET_NAMESPACE": other.namespace, "RUNFLEET_DELIVERY_LOG_TTL": "2h"},
+    )
+    assert result.returncode == 0, result.stderr
+    cfg = (await fleet.js.stream_info(other.delivery_stream)).config
+    assert cfg.max_age == pytest.approx(7200.0)
+    assert cfg.retention == RetentionPolicy.LIMITS
+
+
+async def test_a_changed_delivery_log_ttl_updates_the_stream_in_place(fleet: Fleet) -> None:
+    short = fleet.wire.model_copy(update={"delivery_log_ttl": timedelta(seconds=60)})
+    report = await ensure_streams(fleet.js, fleet.names, short)
+    assert report.updated == [fleet.names.delivery_stream]
+    cfg = (await fleet.js.stream_info(fleet.names.delivery_stream)).config
+    assert cfg.max_age == pytest.approx(60.0)
+    assert cfg.duplicate_window is not None and cfg.duplicate_window <= 60.0
+
+
+async def test_a_failed_log_publish_never_raises(nats_server: NatsServer) -> None:
+    """The log is evidence, not state: a publish on a closed connection is swallowed."""
+    nc = await nats.connect(nats_server.url)
+    await nc.close()
+    log = DeliveryLog(nc, WireNames("tclosed"), "test")
+    await log.record("some-run", 1, 1, "ack", "finished")
+
+
+def test_the_delivery_log_ttl_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="RUNFLEET_DELIVERY_LOG_TTL"):
+        WireSettings(delivery_log_ttl="0s")
