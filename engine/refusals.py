@@ -11,15 +11,35 @@ from collections.abc import Sequence
 
 from store import Refusal
 
+NEXT_STEP: dict[str, str] = {
+    "finished": "a finished run is done: it is neither resumed nor rewound (SPEC §6.7); launch"
+    " the workflow again for a new run (`runfleet launch FILE`)",
+    "failed": "rewind it to a node before the failure (`runfleet rewind RUN --node NODE`),"
+    " then resume it",
+    "queued": "it is already queued: follow it with `runfleet events RUN --follow`, or cancel"
+    " it (`runfleet cancel RUN`) first",
+    "running": "it is already running: follow it with `runfleet events RUN --follow`, or cancel"
+    " it (`runfleet cancel RUN`) first",
+}
+"""What an operator can do with a run that an operation refused for its status: one answer
+per status, shared by the resume and the rewind refusals so the two never contradict."""
+
+
+def next_step(status: str) -> str:
+    """The remedy for a run refused because of its `status` (which may carry a note)."""
+    for name, step in NEXT_STEP.items():
+        if status.startswith(name):
+            return step
+    return "check `runfleet status RUN` and retry"
+
 
 class RunNotResumable(Refusal, code="run_not_resumable"):
     """Only paused, failed_resumable or cancelled runs resume (SPEC §4)."""
 
-    remedy = "check `runfleet status RUN`; a finished or failed run can only be rewound"
-
     def __init__(self, run_id: str, status: str) -> None:
         super().__init__(
-            f"run {run_id} is {status}: only paused, failed_resumable or cancelled runs resume"
+            f"run {run_id} is {status}: only paused, failed_resumable or cancelled runs resume",
+            remedy=next_step(str(status)),
         )
 
 
@@ -72,3 +92,5 @@ class RunBusy(Refusal, code="run_busy"):
 
 class RewindRefused(Refusal, code="rewind_refused"):
     """The run cannot be rewound to that node now; the message says why."""
+
+    remedy = "pick a node the run reached (`runfleet status RUN` lists their outputs)"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from engine.loader import LoadedWorkflow, load_stored_workflow
-from engine.refusals import RewindRefused, RunBusy
+from engine.refusals import RewindRefused, RunBusy, next_step
 from engine.workflow import Workflow
 from store import (
     CasConflict,
@@ -72,13 +72,19 @@ async def rewind(
 ) -> RewindResult:
     run = await store.get_run(run_id)
     if run.status not in REWINDABLE:
-        raise RewindRefused(f"run {run_id} is {run.status}: it cannot be rewound")
+        raise RewindRefused(
+            f"run {run_id} is {run.status}: it cannot be rewound", remedy=next_step(run.status)
+        )
     now = utcnow()
     skew = timedelta(seconds=skew_s)
     if not lease_is_free(run, now, skew):
         raise RunBusy(run_id)
     if run.checkpoint is None:
-        raise RewindRefused(f"run {run_id} has no checkpoint to rewind")
+        raise RewindRefused(
+            f"run {run_id} has no checkpoint to rewind",
+            remedy="it has completed no node, so there is nothing to move back;"
+            " `runfleet status RUN` says what it waits for",
+        )
     loaded = new_source or load_stored_workflow(run.workflow.source, f"run {run_id}")
     workflow = loaded.workflow
     if node not in workflow.nodes:
@@ -119,7 +125,10 @@ async def rewind(
         current = result.current
         if current is not None and not lease_is_free(current, utcnow(), skew):
             raise RunBusy(run_id)
-        raise RewindRefused(f"run {run_id} changed while rewinding; look at it and retry")
+        raise RewindRefused(
+            f"run {run_id} changed while rewinding",
+            remedy="look at it (`runfleet status RUN`), then retry the rewind",
+        )
     await store.retire_interactions(run_id)
     await store.append_event(
         run_id,

@@ -21,7 +21,7 @@ from engine.resume import ResumeRequest
 from publisher.dlq import DlqStore
 from publisher.errors import PublishFailed, RecordNotReplayable, StaleRecord
 from publisher.wire import MessageKind, ResumeCopy
-from store import RunDocument, RunStatus, RunStore
+from store import RunDocument, RunNotFound, RunStatus, RunStore
 
 _EVENT_PAGE = 500
 
@@ -114,7 +114,14 @@ async def replay_record(pub: ReplayPublisher, record_id: int, *, tenant: str) ->
     record = await pub.dlq.get(record_id)
     if not record.replayable or record.run_id is None:
         raise RecordNotReplayable(f"DLQ record {record_id} has no run to resume")
-    run = await pub.get_run(record.run_id, tenant)
+    try:
+        run = await pub.get_run(record.run_id, tenant)
+    except RunNotFound:
+        # Its run was collected (or is not this tenant's): nothing to resume, and the remedy
+        # is the record's own — purge it — not "check the run id".
+        raise RecordNotReplayable(
+            f"DLQ record {record_id}: its run {record.run_id} is not in the store"
+        ) from None
     stage = replay_stage(run, record_id)
     if stage is ReplayStage.OVERTAKEN:
         raise StaleRecord(

@@ -29,6 +29,15 @@ def to_ms(value: datetime) -> int:
     return delta // timedelta(milliseconds=1)
 
 
+def iso_z(value: datetime) -> str:
+    """The one timestamp format of `--json` and the HTTP API: ISO 8601 in UTC with `Z`, as
+    pydantic writes an aware UTC datetime (`2026-12-01T15:00:11.189000Z`)."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: runfleet only accepts timezone-aware UTC instants")
+    text = value.astimezone(UTC).isoformat()
+    return text.removesuffix("+00:00") + "Z"
+
+
 def from_ms(value: int) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=value)
 

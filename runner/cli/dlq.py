@@ -47,6 +47,33 @@ def detail_view(detail: RecordDetail) -> dict[str, Any]:
     return {**record_view(detail.record), "body": decoded, "run": run_status}
 
 
+def detail_lines(view: dict[str, Any]) -> list[str]:
+    """`dlq show` for a person: the record as a two-column table, then the decoded body."""
+    run = view.get("run") or {}
+    run_now = run.get("status", "-")
+    if run.get("failure_code"):
+        run_now += f" {run['failure_code']}"
+    if run.get("attempt") is not None:
+        run_now += f" (attempt {run['attempt']})"
+    rows = [
+        ("record", str(view["id"])),
+        ("reason", view["reason"] + (f": {view['detail']}" if view.get("detail") else "")),
+        ("run", f"{view.get('run_id') or '-'}  attempt {view.get('attempt') or '-'}"),
+        ("run now", run_now if view.get("run_id") else "-"),
+        ("delivered", f"{view['num_delivered']} time(s), last by {view.get('runner') or '-'}"),
+        ("at", f"{view['at']}  ({_age(view['age_s'])} ago)"),
+        ("replayable", "yes" if view.get("replayable", True) else "no (purge it)"),
+    ]
+    body = view.get("body") or {}
+    if "undecodable" in body:
+        rows.append(("body", f"undecodable: {body['undecodable']}"))
+    else:
+        rows.extend((f"body.{k}", json.dumps(v, default=str)) for k, v in body.items())
+    rows.extend((f"header {k}", v) for k, v in sorted((view.get("headers") or {}).items()))
+    width = max(len(k) for k, _ in rows)
+    return [f"{k:<{width}}  {v}" for k, v in rows]
+
+
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -101,7 +128,8 @@ async def dlq_show(record_id: int, as_json: bool) -> None:
     if as_json:
         echo_json(view)
     else:
-        click.echo(json.dumps(view, indent=2, default=str))
+        for line in detail_lines(view):
+            click.echo(line)
 
 
 def replay_view(report: ReplayReport) -> dict[str, Any]:

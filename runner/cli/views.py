@@ -9,6 +9,7 @@ import click
 
 from runner.operations.retry_wait import RetryWait
 from store import Event, RunDocument, RunStatus
+from store.timeutil import iso_z
 
 
 def run_view(doc: RunDocument, retry: RetryWait | None = None) -> dict[str, Any]:
@@ -23,8 +24,8 @@ def run_view(doc: RunDocument, retry: RetryWait | None = None) -> dict[str, Any]
         "error": doc.error,
         "attempt": doc.attempt,
         "workflow": {"name": doc.workflow.name, "source_hash": doc.workflow.source_hash},
-        "created_at": doc.created_at.isoformat(),
-        "updated_at": doc.updated_at.isoformat(),
+        "created_at": iso_z(doc.created_at),
+        "updated_at": iso_z(doc.updated_at),
         "tenant": doc.tenant,
         "origin": str(doc.origin),
         "cause_code": doc.cause_code,
@@ -37,7 +38,7 @@ def run_view(doc: RunDocument, retry: RetryWait | None = None) -> dict[str, Any]
         "usage": cp.usage.model_dump() if cp else None,
         "lease": None
         if doc.lease is None
-        else {"owner": doc.lease.owner, "expires_at": doc.lease.expires_at.isoformat()},
+        else {"owner": doc.lease.owner, "expires_at": iso_z(doc.lease.expires_at)},
         "cancel_requested": doc.cancel_requested,
         "retry": retry.to_dict() if retry else None,
     }

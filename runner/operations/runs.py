@@ -22,6 +22,7 @@ from engine.loader import LoadedWorkflow
 from engine.resume import ResumeRequest
 from runner.delivery_log import DeliveryEntry, read_deliveries
 from runner.operations.env import Env
+from runner.operations.ordering import queued_before_claimed
 from runner.operations.retry_wait import will_retry
 from store import Event, RunDocument, RunPage, RunQuery, RunStatus, utcnow
 
@@ -99,7 +100,7 @@ async def event_batches(
         events = await env.store.read_events(run_id, after_seq=after, limit=EVENTS_PAGE)
         if events:
             after = events[-1].seq
-            yield events
+            yield queued_before_claimed(events)
         if not follow:
             return
         run = await env.store.get_run(run_id)

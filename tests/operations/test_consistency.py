@@ -1,0 +1,152 @@
+"""Consistency of what the operator surface says (issue 17 item 7; SPEC §6.7, §10): one remedy
+per refusal that no other refusal contradicts, a replay refused for a record with no run names
+`dlq purge`, the events read as a story (`run_queued` before the claim of its attempt), one
+timestamp format (`Z`) in every `--json` document, `dlq show` as a table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from engine.refusals import NEXT_STEP, RewindRefused, RunNotResumable
+from engine.resume import ResumeRequest
+from publisher import DlqStore, RecordNotReplayable
+from runner import operations as ops
+from runner.cli.dlq import detail_lines, detail_view, record_view
+from runner.cli.views import run_view
+from runner.operations import Env
+from store import Lease, RunStatus, utcnow
+from tests.operations.test_dlq import poison, record_for
+from tests.publisher.conftest import put_run
+
+
+async def test_resume_and_rewind_of_a_finished_run_refuse_with_one_remedy_that_agrees(
+    env: Env,
+) -> None:
+    """SPEC §6.7 does not rewind a finished run, so neither refusal may suggest it."""
+    done = await put_run(env.store, status=RunStatus.FINISHED)
+
+    with pytest.raises(RunNotResumable) as resumed:
+        await ops.resume(env, done.run_id, ResumeRequest())
+    with pytest.raises(RewindRefused) as rewound:
+        await ops.rewind(env, done.run_id, "greet")
+
+    assert resumed.value.remedy == rewound.value.remedy == NEXT_STEP["finished"]
+    assert "runfleet launch" in NEXT_STEP["finished"]
+    assert "rewound" not in str(resumed.value.remedy).replace("neither resumed nor rewound", "")
+
+
+async def test_resume_of_a_failed_run_points_at_a_rewind_that_is_then_allowed(env: Env) -> None:
+    failed = await put_run(env.store, status=RunStatus.FAILED)
+
+    with pytest.raises(RunNotResumable) as resumed:
+        await ops.resume(env, failed.run_id, ResumeRequest())
+    assert resumed.value.remedy is not None and "runfleet rewind" in resumed.value.remedy
+
+    with pytest.raises(RewindRefused) as rewound:  # refused for the node, not the status
+        await ops.rewind(env, failed.run_id, "no-such-node")
+    assert "no node" in rewound.value.message
+    assert rewound.value.remedy is not None and "runfleet status" in rewound.value.remedy
+
+
+async def test_a_replay_refused_for_a_record_whose_run_is_gone_names_dlq_purge(
+    env: Env, dlq: DlqStore
+) -> None:
+    run = await put_run(env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED")
+    await record_for(dlq, run, 31)
+    await poison(dlq, 32)
+    await env.store.delete_run(run.run_id)
+
+    report = await ops.replay_records(env, [31, 32])
+
+    for outcome in report.outcomes:
+        assert isinstance(outcome.error, RecordNotReplayable), outcome
+        assert outcome.error.remedy is not None and "dlq purge" in outcome.error.remedy
+    assert report.stopped_by is None
+
+
+async def test_events_show_run_queued_before_the_run_claimed_of_its_attempt(env: Env) -> None:
+    """The publisher appends `run_queued` after the PubAck; a runner may claim first."""
+    run = await put_run(env.store, status=RunStatus.RUNNING)
+    for kind, attempt in (
+        ("run_launched", 1),
+        ("run_claimed", 1),  # the runner was quicker than the publisher's append
+        ("run_queued", 1),
+        ("node_started", 1),
+        ("run_queued", 2),  # a handoff: queued before its claim, left alone
+        ("run_claimed", 2),
+    ):
+        await env.store.append_event(run.run_id, kind, {"attempt": attempt}, attempt=attempt)
+
+    (batch,) = [b async for b in ops.event_batches(env, run.run_id)]
+
+    assert [(e.type, e.attempt) for e in batch] == [
+        ("run_launched", 1),
+        ("run_queued", 1),
+        ("run_claimed", 1),
+        ("node_started", 1),
+        ("run_queued", 2),
+        ("run_claimed", 2),
+    ]
+    assert sorted(e.seq for e in batch) == list(range(1, 7))  # every event, its seq kept
+
+
+_INSTANT = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+
+
+def instants(value: Any, path: str = "") -> list[tuple[str, str]]:
+    """Every (path, string) in a JSON document that reads as a timestamp."""
+    if isinstance(value, dict):
+        return [i for k, v in value.items() for i in instants(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [i for n, v in enumerate(value) for i in instants(v, f"{path}[{n}]")]
+    if isinstance(value, str) and _INSTANT.match(value):
+        return [(path, value)]
+    return []
+
+
+async def test_every_timestamp_in_a_json_document_is_utc_with_z(env: Env, dlq: DlqStore) -> None:
+    run = await put_run(
+        env.store,
+        status=RunStatus.RUNNING,
+        lease=Lease(owner="r1", token="t", attempt=1, stream_seq=1, expires_at=utcnow()),
+    )
+    await record_for(dlq, run, 41)
+    await env.store.append_event(run.run_id, "run_claimed", {}, attempt=1)
+    documents = [
+        run_view(run),
+        record_view(await dlq.get(41)),
+        detail_view(await ops.show_record(env, 41)),
+        {"events": [e.model_dump(mode="json") for e in await env.store.read_events(run.run_id)]},
+    ]
+    seen = [i for doc in documents for i in instants(json.loads(json.dumps(doc, default=str)))]
+    assert {path.rsplit(".", 1)[-1] for path, _ in seen} >= {
+        "created_at",
+        "updated_at",
+        "expires_at",
+        "at",
+        "published_at",
+    }
+    assert [(p, v) for p, v in seen if not v.endswith("Z")] == []
+
+
+async def test_dlq_show_without_json_is_a_table(env: Env, dlq: DlqStore) -> None:
+    run = await put_run(env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED")
+    await record_for(dlq, run, 51)
+    await poison(dlq, 52)
+
+    shown = detail_lines(detail_view(await ops.show_record(env, 51)))
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in shown)
+    assert rows["record"] == "51"
+    assert rows["run"].startswith(run.run_id)
+    assert rows["run now"].startswith("failed_resumable DLQ_PARKED")
+    assert any(line.startswith("body.kind") and "launch" in line for line in shown)
+    assert not any(line.lstrip().startswith(("{", "}")) for line in shown)  # not a JSON dump
+
+    poisoned = detail_lines(detail_view(await ops.show_record(env, 52)))
+    assert any(line.startswith("body ") and "undecodable" in line for line in poisoned)
+    assert any("no (purge it)" in line for line in poisoned)
