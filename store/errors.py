@@ -62,6 +62,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── RunNotCancellable                   run_not_cancellable
         ├── StaleRecord                         stale_record
         ├── RecordNotReplayable                 record_not_replayable
+        ├── RunIdAmbiguous                      run_id_ambiguous
         └── RecordNotFound                      record_not_found
 
 `store` is drawn first, then `engine` (`errors`, `fencing`, `sandbox.errors`, `vars`,

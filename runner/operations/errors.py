@@ -19,6 +19,20 @@ UNREACHABLE: tuple[type[RunfleetError], ...] = (StoreUnavailable, NatsUnavailabl
 there; `PublishFailed` comes after the publisher's bounded retries, and the run was put back."""
 
 
+class RunIdAmbiguous(Refusal, code="run_id_ambiguous"):
+    """A run id prefix that starts the ids of several of the tenant's runs (SPEC §10)."""
+
+    remedy = "give more characters of the run id (or all of it)"
+
+    def __init__(self, prefix: str, candidates: list[str], *, more: bool = False) -> None:
+        listed = ", ".join(candidates) + (", ..." if more else "")
+        super().__init__(f"run id prefix {prefix!r} starts several runs: {listed}")
+        self.candidates = tuple(candidates)
+
+    def to_dict(self) -> dict[str, object]:
+        return {**super().to_dict(), "candidates": list(self.candidates)}
+
+
 def is_usage(exc: RunfleetError) -> bool:
     """A value the person gave (a setting) cannot be used: they fix it and try again."""
     return isinstance(exc, SettingsInvalid)

@@ -24,6 +24,7 @@ from runner.delivery_log import DeliveryEntry, read_deliveries
 from runner.operations.env import Env
 from runner.operations.ordering import queued_before_claimed
 from runner.operations.retry_wait import will_retry
+from runner.operations.run_ids import resolve_run_id
 from store import Event, RunDocument, RunPage, RunQuery, RunStatus, utcnow
 
 MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
@@ -63,7 +64,8 @@ async def run_local(
 
 
 async def get_run(env: Env, run_id: str) -> RunDocument:
-    return await env.store.get_run(run_id)
+    """The run `run_id` names (the id or a unique prefix of it, `run_ids`)."""
+    return await env.store.get_run(await resolve_run_id(env, run_id))
 
 
 async def list_runs(
@@ -95,7 +97,7 @@ async def event_batches(
     """A run's events after `after`, in batches as they are read. With `follow`, keep reading
     while the run is queued, running or waiting for an automatic retry (`still_moving`), and
     stop once it settled or waits for an operator, and nothing new came."""
-    await env.store.get_run(run_id)  # run_not_found before anything else
+    run_id = await resolve_run_id(env, run_id)  # run_not_found before anything else
     while True:
         events = await env.store.read_events(run_id, after_seq=after, limit=EVENTS_PAGE)
         if events:
@@ -147,7 +149,7 @@ async def timeline_batches(
     event seq: the log is read whole). Without `follow` the one
     batch is the whole timeline, in order; while following, each batch is ordered and comes
     after the ones before it."""
-    await env.store.get_run(run_id)  # run_not_found before anything else
+    run_id = await resolve_run_id(env, run_id)  # run_not_found before anything else
     after_event, after_log = after, 0
     async with env.publisher() as publisher:
         while True:
@@ -171,6 +173,7 @@ async def resume(
     env: Env, run_id: str, request: ResumeRequest, *, tenant: str | None = None
 ) -> RunDocument:
     """Resume through the queue (SPEC §4 Resume): refusals in order, one CAS, publish."""
+    run_id = await resolve_run_id(env, run_id)
     async with env.publisher() as publisher:
         return await publisher.resume(run_id, request, tenant=tenant or env.tenant)
 
@@ -185,6 +188,7 @@ async def resume_local(
 ) -> RunDocument:
     """Resume in this process (SPEC §5.3 Local), re-claiming up to `auto_resume` times while
     the outcome is an auto-resumable failure."""
+    run_id = await resolve_run_id(env, run_id)
     return await engine_local.resume_local(
         env.local(on_event), run_id, request, auto_resume=auto_resume
     )
@@ -192,6 +196,7 @@ async def resume_local(
 
 async def cancel(env: Env, run_id: str, *, tenant: str | None = None) -> RunDocument:
     """Cancel (SPEC §4 Cancel); a running run is asked to checkpoint and stop."""
+    run_id = await resolve_run_id(env, run_id)
     async with env.publisher() as publisher:
         return await publisher.cancel(run_id, tenant=tenant or env.tenant)
 
@@ -202,7 +207,7 @@ async def rewind(
     """Move the checkpoint back to `node` and park the run `paused_operator` (SPEC §6.7)."""
     return await engine_rewind.rewind(
         env.store,
-        run_id,
+        await resolve_run_id(env, run_id),
         node,
         new_source=new_source,
         skew_s=env.engine.lease_skew.total_seconds(),

@@ -18,8 +18,10 @@ from publisher import DlqStore, RecordNotReplayable
 from runner import operations as ops
 from runner.cli.dlq import detail_lines, detail_view, record_view
 from runner.cli.views import run_view
-from runner.operations import Env
-from store import Lease, RunStatus, utcnow
+from runner.operations import Env, is_refusal
+from runner.operations.errors import RunIdAmbiguous
+from runner.operations.run_ids import MIN_PREFIX
+from store import Lease, RunNotFound, RunStatus, utcnow
 from tests.operations.test_dlq import poison, record_for
 from tests.publisher.conftest import put_run
 
@@ -150,3 +152,47 @@ async def test_dlq_show_without_json_is_a_table(env: Env, dlq: DlqStore) -> None
     poisoned = detail_lines(detail_view(await ops.show_record(env, 52)))
     assert any(line.startswith("body ") and "undecodable" in line for line in poisoned)
     assert any("no (purge it)" in line for line in poisoned)
+
+
+async def test_a_run_id_may_be_given_by_a_unique_prefix_of_at_least_6_characters(
+    env: Env,
+) -> None:
+    first = await put_run(env.store, status=RunStatus.FINISHED)
+    second = await put_run(env.store, status=RunStatus.FINISHED)
+    third = await put_run(env.store, status=RunStatus.FAILED)
+    ids = (first.run_id, second.run_id, third.run_id)
+    shared = next(
+        first.run_id[:n]
+        for n in range(len(first.run_id), 0, -1)
+        if all(i.startswith(first.run_id[:n]) for i in ids)
+    )
+    assert len(shared) >= MIN_PREFIX  # UUIDv7: the same millisecond-ish start
+    unique = next(
+        third.run_id[:n]
+        for n in range(MIN_PREFIX, len(third.run_id) + 1)
+        if not first.run_id.startswith(third.run_id[:n])
+        and not second.run_id.startswith(third.run_id[:n])
+    )
+
+    assert (await ops.get_run(env, unique)).run_id == third.run_id
+    await env.store.append_event(third.run_id, "run_failed", {}, attempt=1)
+    (batch,) = [b async for b in ops.event_batches(env, unique)]
+    assert [(e.run_id, e.type) for e in batch] == [(third.run_id, "run_failed")]
+    with pytest.raises(RewindRefused, match="no node"):  # resolved, then judged
+        await ops.rewind(env, unique, "no-such-node")
+    with pytest.raises(RunNotResumable, match=third.run_id):
+        await ops.resume(env, unique, ResumeRequest())
+
+    with pytest.raises(RunIdAmbiguous) as ambiguous:
+        await ops.get_run(env, shared)
+    assert set(ambiguous.value.candidates) == {first.run_id, second.run_id, third.run_id}
+    assert is_refusal(ambiguous.value)
+    assert ambiguous.value.to_dict()["candidates"] == list(ambiguous.value.candidates)
+
+    with pytest.raises(RunNotFound, match="no run"):  # too short, even where unique
+        await ops.get_run(env, third.run_id[: MIN_PREFIX - 1] + "z")
+    with pytest.raises(RunNotFound):
+        await ops.get_run(env, "ffffffff")
+    other = await put_run(env.store, status=RunStatus.FINISHED, tenant="other")
+    with pytest.raises(RunNotFound):  # another tenant's run is not a candidate
+        await ops.get_run(env, other.run_id[:-4])
