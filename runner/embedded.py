@@ -27,6 +27,7 @@ from publisher.config import NATS_URL_FILE, WireSettings
 from publisher.connection import connect
 from publisher.streams import ensure_streams
 from publisher.wire import WireNames
+from runner.localcluster import NatsCluster
 from runner.localnats import NatsServer
 from store import RunStore
 
@@ -72,13 +73,17 @@ class EmbeddedFleet:
         slots: int,
         store: RunStore,
         env: dict[str, str] | None = None,
+        nats_cluster: int = 1,
     ) -> None:
         self.data = data.resolve()
+        self.nats_cluster = nats_cluster
+        """Local nats-servers: above 1, a JetStream cluster whose streams get one replica per
+        server (`runfleet up --nats-cluster 3`)."""
         self.count = runners
         self.slots = slots
         self.store = store
         self.base_env = dict(env if env is not None else os.environ)
-        self.server: NatsServer | None = None
+        self.server: NatsServer | NatsCluster | None = None
         self.nats_url = ""
         self.procs: list[RunnerProcess] = []
         self.stopping = False
@@ -96,11 +101,16 @@ class EmbeddedFleet:
         if wire.nats_url:
             self.nats_url = wire.nats_url
         else:
-            self.server = NatsServer(self.data / "nats")
+            self.server = (
+                NatsCluster(self.data / "nats-cluster", self.nats_cluster)
+                if self.nats_cluster > 1
+                else NatsServer(self.data / "nats")
+            )
             await asyncio.to_thread(self.server.start)
-            self.nats_url = self.server.url
+            self.nats_url = self.server.url  # a cluster's: its servers, comma-separated
             (self.data / NATS_URL_FILE).write_text(self.nats_url + "\n")
-        wire = WireSettings(data=self.data, nats_url=self.nats_url)
+        replicas = self.nats_cluster if self.nats_cluster > 1 else wire.stream_replicas
+        wire = WireSettings(data=self.data, nats_url=self.nats_url, stream_replicas=replicas)
         self._nc, self._js = await connect(wire, name="runfleet-up")
         self.names = WireNames(wire.namespace)
         await ensure_streams(self._js, self.names, wire)
@@ -114,6 +124,8 @@ class EmbeddedFleet:
         env["RUNFLEET_DATA"] = str(self.data)
         env["RUNFLEET_NATS_URL"] = self.nats_url
         env.setdefault("RUNFLEET_HTTP_PORT", "0")
+        if self.nats_cluster > 1:
+            env["RUNFLEET_STREAM_REPLICAS"] = str(self.nats_cluster)
         return env
 
     async def _spawn(self, rp: RunnerProcess) -> None:

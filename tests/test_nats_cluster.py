@@ -7,12 +7,20 @@ through the loss of the server it was connected to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+import nats
 import pytest
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
+from nats.js.api import PubAck, StreamInfo
 
 from publisher.config import WireSettings
 from publisher.connection import connect
@@ -22,7 +30,9 @@ from tests.support.nats_cluster import Cluster, nats_cluster
 
 __all__ = ["nats_cluster"]  # the module-scoped fixture, imported for this module's tests
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
+ROOT = Path(__file__).resolve().parents[1]
+RUNFLEET = Path(sys.executable).parent / "runfleet"
 
 
 def wire(cluster: Cluster, namespace: str) -> WireSettings:
@@ -126,3 +136,101 @@ async def _publish_until_acked(
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)  # the pause between two tries, not a synchronisation
+
+
+def test_up_with_a_nats_cluster_runs_a_launched_run_on_r3_streams(tmp_path: Path) -> None:
+    """`runfleet up --nats-cluster 3`: three local servers, the streams at three replicas,
+    runners given all three URLs; a launched run finishes; Ctrl-C leaves no server behind."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
+    env["RUNFLEET_DATA"] = str(data)
+    out = (tmp_path / "up.out").open("wb")
+    up = subprocess.Popen(
+        [str(RUNFLEET), "up", "--nats-cluster", "3", "--runners", "1", "--no-view"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        _poll(lambda: "slots, http :" in _read(data / "logs" / "runner-0.log"), up, tmp_path)
+        urls = (data / "nats.url").read_text().strip().split(",")
+        assert len(urls) == 3 and all(u.startswith("nats://127.0.0.1:") for u in urls)
+        launched = _cli(env, "launch", "examples/hello.yaml", "--json")
+        run_id = json.loads(launched)["run_id"]
+        _poll(lambda: '"finished"' in _cli(env, "status", run_id, "--json"), up, tmp_path)
+        info = asyncio.run(_runs_stream_info(urls))
+        assert info.config.num_replicas == 3 and info.cluster is not None
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(timeout=45) == 0, _read(tmp_path / "up.out")
+        servers = [p for p in _pids_with(str(data)) if p != up.pid]
+        assert servers == [], "nats-servers left behind"
+    finally:
+        out.close()
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+        for pid in _pids_with(str(data)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def _runs_stream_info(urls: list[str]) -> StreamInfo:
+    nc = await nats.connect(servers=urls)
+    try:
+        return await nc.jetstream().stream_info(WireNames().runs_stream)
+    finally:
+        await nc.close()
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [str(RUNFLEET), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
+def _poll(ok: Callable[[], bool], up: subprocess.Popen[bytes], tmp: Path) -> None:
+    deadline = time.monotonic() + 40
+    while not ok():
+        assert up.poll() is None, f"`runfleet up` exited:\n{_read(tmp / 'up.out')}"
+        assert time.monotonic() < deadline, f"not within 40 s:\n{_read(tmp / 'up.out')}"
+        time.sleep(0.2)  # the pause between two polls, not a synchronisation
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _pids_with(text: str) -> list[int]:
+    """Processes whose command line mentions `text` (the fleet's data directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(int(proc.name))
+    return found
+
+
+def test_up_refuses_a_nats_cluster_when_a_nats_url_is_set(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
+    env.update(RUNFLEET_DATA=str(tmp_path / "data"), RUNFLEET_NATS_URL="nats://127.0.0.1:1")
+    done = subprocess.run(
+        [str(RUNFLEET), "up", "--nats-cluster", "3", "--no-view"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and "unset RUNFLEET_NATS_URL" in done.stderr, done

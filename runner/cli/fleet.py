@@ -42,9 +42,18 @@ async def streams_ensure_cmd(as_json: bool) -> None:
 @click.option("--slots", type=click.IntRange(1, 10_000), help="per runner [RUNFLEET_SLOTS, 8]")
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), help="RUNFLEET_DATA")
 @click.option("--no-view", is_flag=True, help="no live view (a status line every 10 s)")
+@click.option(
+    "--nats-cluster",
+    type=click.IntRange(1, 5),
+    default=1,
+    show_default=True,
+    help="local nats-servers in one JetStream cluster, streams replicated on each",
+)
 @command
-async def up_cmd(runners: int, slots: int | None, data: Path | None, no_view: bool) -> None:
-    """Run the embedded fleet: local nats-server, SQLite store, N runner processes."""
+async def up_cmd(
+    runners: int, slots: int | None, data: Path | None, no_view: bool, nats_cluster: int
+) -> None:
+    """Run the embedded fleet: local nats-server (or cluster), SQLite store, N runners."""
     import os
     import signal
 
@@ -57,9 +66,17 @@ async def up_cmd(runners: int, slots: int | None, data: Path | None, no_view: bo
 
     if data is not None:
         os.environ["RUNFLEET_DATA"] = str(data)
+    if nats_cluster > 1 and os.environ.get("RUNFLEET_NATS_URL"):
+        raise click.UsageError("--nats-cluster starts local servers; unset RUNFLEET_NATS_URL")
     async with open_env(data) as env:
         _ = env.engine, env.wire()  # every setting the runners read, checked before any starts
-        fleet = EmbeddedFleet(data=env.data_dir, runners=runners, slots=slots, store=env.store)
+        fleet = EmbeddedFleet(
+            data=env.data_dir,
+            runners=runners,
+            slots=slots,
+            store=env.store,
+            nats_cluster=nats_cluster,
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, fleet.request_stop)
