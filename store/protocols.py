@@ -38,7 +38,11 @@ class RunQuery:
     lease_expires_before: datetime | None = None
     created_since: datetime | None = None
     updated_before: datetime | None = None
+    workflow: str | None = None
+    """The workflow's name (`workflow.name`)."""
     after_run_id: str | None = None
+    newest_first: bool = False
+    """Descending run ids (newest first, UUIDv7); `after_run_id` then pages toward older."""
     limit: int = 100
 
 

@@ -92,7 +92,12 @@ def _ids_or_all(ids: tuple[int, ...], all_: bool) -> tuple[int, ...] | None:
 
 @click.group("dlq")
 def dlq_group() -> None:
-    """Dead-letter records: what the fleet could not process, kept for an operator."""
+    """Dead-letter records: what the fleet could not process, kept for an operator.
+
+    \b
+    Example:
+      runfleet dlq list --reason retries_exhausted
+    """
 
 
 @dlq_group.command("list")
@@ -101,7 +106,12 @@ def dlq_group() -> None:
 @json_option
 @command
 async def dlq_list(reason: str | None, older_than: timedelta | None, as_json: bool) -> None:
-    """List DLQ records (id = the work-stream sequence of the dead message)."""
+    """List DLQ records (id = the work-stream sequence of the dead message).
+
+    \b
+    Example:
+      runfleet dlq list --older-than 1h
+    """
     age = older_than
     async with open_env() as env:
         records = await ops.list_records(env, reason=reason, older_than=age)
@@ -122,7 +132,12 @@ async def dlq_list(reason: str | None, older_than: timedelta | None, as_json: bo
 @json_option
 @command
 async def dlq_show(record_id: int, as_json: bool) -> None:
-    """Show one record, its decoded body where decodable, and its run's status."""
+    """Show one record, its decoded body where decodable, and its run's status.
+
+    \b
+    Example:
+      runfleet dlq show 42
+    """
     async with open_env() as env:
         view = detail_view(await ops.show_record(env, record_id))
     if as_json:
@@ -157,11 +172,17 @@ def replay_view(report: ReplayReport) -> dict[str, Any]:
 @dlq_group.command("replay")
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_", is_flag=True, help="every record (with --reason, those only)")
-@click.option("--reason")
+@click.option("--reason", help="with --all: only records with this reason")
 @json_option
 @command
 async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_json: bool) -> None:
-    """Replay records as fresh attempts of their runs."""
+    """Replay records as fresh attempts of their runs.
+
+    \b
+    Example:
+      runfleet dlq replay 42 43
+      runfleet dlq replay --all --reason retries_exhausted
+    """
     selected = _ids_or_all(ids, all_)
     async with open_env() as env:
         report = await ops.replay_records(env, selected, reason=reason)
@@ -190,8 +211,8 @@ async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_js
 
 @dlq_group.command("purge")
 @click.argument("ids", nargs=-1, type=int)
-@click.option("--all", "all_", is_flag=True)
-@click.option("--reason")
+@click.option("--all", "all_", is_flag=True, help="every record (narrowed by the filters)")
+@click.option("--reason", help="only records with this reason")
 @click.option("--older-than", type=DURATION, help="only records older than this, e.g. 7d")
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @json_option
@@ -204,7 +225,13 @@ async def dlq_purge(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Remove records for good (prints what it removed)."""
+    """Remove records for good (prints what it removed).
+
+    \b
+    Example:
+      runfleet dlq purge 42
+      runfleet dlq purge --all --reason malformed --older-than 7d --yes
+    """
     selected = _ids_or_all(ids, all_)
     age = older_than
     async with open_env() as env:

@@ -21,14 +21,24 @@ from store.settings import format_duration
 
 @click.group("streams")
 def streams_group() -> None:
-    """JetStream streams and consumers."""
+    """JetStream streams and consumers.
+
+    \b
+    Example:
+      runfleet streams ensure
+    """
 
 
 @streams_group.command("ensure")
 @json_option
 @command
 async def streams_ensure_cmd(as_json: bool) -> None:
-    """Create or update the streams and consumers of the wire contract (idempotent)."""
+    """Create or update the streams and consumers of the wire contract (idempotent).
+
+    \b
+    Example:
+      RUNFLEET_NATS_URL=nats://nats:4222 runfleet streams ensure
+    """
     report = await ops.ensure_wire()
     if as_json:
         echo_json({"created": report.created, "updated": report.updated})
@@ -38,7 +48,9 @@ async def streams_ensure_cmd(as_json: bool) -> None:
 
 
 @click.command("up")
-@click.option("--runners", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option(
+    "--runners", type=click.IntRange(1, 64), default=2, show_default=True, help="runner processes"
+)
 @click.option("--slots", type=click.IntRange(1, 10_000), help="per runner [RUNFLEET_SLOTS, 8]")
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), help="RUNFLEET_DATA")
 @click.option("--no-view", is_flag=True, help="no live view (a status line every 10 s)")
@@ -53,7 +65,12 @@ async def streams_ensure_cmd(as_json: bool) -> None:
 async def up_cmd(
     runners: int, slots: int | None, data: Path | None, no_view: bool, nats_cluster: int
 ) -> None:
-    """Run the embedded fleet: local nats-server (or cluster), SQLite store, N runners."""
+    """Run the embedded fleet: local nats-server (or cluster), SQLite store, N runners.
+
+    \b
+    Example:
+      runfleet up --runners 4 --slots 16
+    """
     import os
     import signal
 
@@ -105,7 +122,12 @@ async def up_cmd(
 @click.option("--http-port", type=click.IntRange(0, 65535), help="health/metrics port")
 @command
 async def runner_cmd(slots: int | None, http_port: int | None) -> None:
-    """Run one runner process until SIGTERM or Ctrl-C, then drain (hand off) and exit 0."""
+    """Run one runner process until SIGTERM or Ctrl-C, then drain (hand off) and exit 0.
+
+    \b
+    Example:
+      runfleet runner --slots 8 --http-port 9100
+    """
     import signal
 
     from runner.config import RunnerSettings
@@ -143,7 +165,12 @@ async def runner_cmd(slots: int | None, http_port: int | None) -> None:
 @json_option
 @command
 async def sweep_cmd(as_json: bool) -> None:
-    """Run one orphan-sweeper pass now (SPEC §5.9)."""
+    """Run one orphan-sweeper pass now (SPEC §5.9).
+
+    \b
+    Example:
+      runfleet sweep --json
+    """
     async with open_env() as env:
         report = await ops.sweep(env)
     if as_json:
@@ -162,7 +189,12 @@ async def sweep_cmd(as_json: bool) -> None:
 @command
 async def gc_cmd(older_than: timedelta, yes: bool, as_json: bool) -> None:
     """Delete settled runs (finished, failed, cancelled) not updated for D, with their events
-    and blobs; DLQ records and staged uploads older than D."""
+    and blobs; DLQ records and staged uploads older than D.
+
+    \b
+    Example:
+      runfleet gc --older-than 30d --yes
+    """
     age = older_than
     async with open_env() as env:
         plan = await ops.plan_gc(env, age)

@@ -16,7 +16,7 @@ from store.settings import DURATION_FORM
 from store.timeutil import parse_duration
 
 
-class DurationParam(click.ParamType):
+class DurationParam(click.ParamType[timedelta]):
     """A flag that takes a duration (`--since 1h`): a bad value is a usage error (exit 2)
     naming the flag, the value and the accepted form, as a bad setting is (SPEC §10)."""
 

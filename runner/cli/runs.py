@@ -21,10 +21,11 @@ from runner.cli.options import (
     read_answers_file,
 )
 from runner.cli.runtime import command, json_option
+from runner.cli.tables import runs_table
 from runner.cli.views import echo_json, echo_run, event_line, run_view
 from runner.operations import open_env
 from runner.operations.retry_wait import waiting_retry
-from store import Event, RunStatus
+from store import Event, RunStatus, utcnow
 
 RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.CANCELLED})
 """How `runfleet run` can end that a CI job must see as a failure (exit 5, SPEC §10 v2.2)."""
@@ -38,7 +39,12 @@ RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.
 @command
 async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool) -> None:
     """Execute a workflow in this process (no queue), as a `local` run. Exits 0 when the run
-    ends finished or paused, 5 when it ends failed, failed_resumable or cancelled."""
+    ends finished or paused, 5 when it ends failed, failed_resumable or cancelled.
+
+    \b
+    Example:
+      runfleet run examples/hello.yaml --var name=Ada
+    """
     loaded = load_workflow_file(file)
     async with open_env() as env:
         doc = await ops.run_local(
@@ -62,15 +68,26 @@ async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool
     callback=read_answers_file,
     help="typed answers as a JSON object (flags win)",
 )
-@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--file",
+    "file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="a new workflow source for the run (with --force when it differs)",
+)
 @click.option("--force", is_flag=True, help="accept a changed workflow source")
 @click.option("--accept-scratch-loss", is_flag=True, help="continue without the banked scratch")
 @click.option("--max-duration", type=DURATION, help="raise the run's duration cap, e.g. 2h")
-@click.option("--max-cost-usd", type=float)
-@click.option("--max-iterations", type=int)
+@click.option("--max-cost-usd", type=float, help="raise the run's cost cap, in USD")
+@click.option("--max-iterations", type=int, help="raise the run's cap on node executions")
 @click.option("--local", "local", is_flag=True, help="resume in this process, not the queue")
-@click.option("--auto-resume", type=click.IntRange(min=0), default=0, metavar="N")
-@click.option("--quiet", is_flag=True)
+@click.option(
+    "--auto-resume",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="with --local: re-claim up to N times after an auto-resumable failure",
+)
+@click.option("--quiet", is_flag=True, help="no node progress on stderr")
 @json_option
 @command
 async def resume_cmd(
@@ -88,7 +105,14 @@ async def resume_cmd(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """Resume a paused, failed_resumable or cancelled run."""
+    """Resume a paused, failed_resumable or cancelled run (RUN: its id or a unique prefix of 6+
+    characters).
+
+    \b
+    Example:
+      runfleet resume 01a2321e-d5 --answer approved=yes
+      runfleet resume 01a2321e-d5 --local --max-iterations 20
+    """
     request = ResumeRequest(
         answers=typed_answers,
         cli_answers=parse_pairs(answers, "--answer"),
@@ -120,7 +144,12 @@ async def resume_cmd(
 @json_option
 @command
 async def launch_cmd(file: Path, vars_: tuple[str, ...], as_json: bool) -> None:
-    """Queue a new run of FILE for the fleet."""
+    """Queue a new run of FILE for the fleet.
+
+    \b
+    Example:
+      runfleet launch examples/hello.yaml --var name=Ada
+    """
     loaded = load_workflow_file(file)
     inputs = parse_pairs(vars_, "--var")
     async with open_env() as env:
@@ -133,7 +162,12 @@ async def launch_cmd(file: Path, vars_: tuple[str, ...], as_json: bool) -> None:
 @json_option
 @command
 async def cancel_cmd(run_id: str, as_json: bool) -> None:
-    """Cancel a run (a running one is asked to stop, and checkpoints first)."""
+    """Cancel a run (a running one is asked to stop, and checkpoints first).
+
+    \b
+    Example:
+      runfleet cancel 01a2321e-d5
+    """
     async with open_env() as env:
         doc = await ops.cancel(env, run_id)
     echo_json(run_view(doc)) if as_json else echo_run(doc)
@@ -144,7 +178,12 @@ async def cancel_cmd(run_id: str, as_json: bool) -> None:
 @json_option
 @command
 async def status_cmd(run_id: str, as_json: bool) -> None:
-    """Show one run."""
+    """Show one run (RUN: its id or a unique prefix of 6+ characters).
+
+    \b
+    Example:
+      runfleet status 01a2321e-d5
+    """
     async with open_env() as env:
         doc = await ops.get_run(env, run_id)
         retry = await waiting_retry(env, doc)
@@ -153,42 +192,53 @@ async def status_cmd(run_id: str, as_json: bool) -> None:
 
 @click.command("runs")
 @click.option(
-    "--status", "statuses", multiple=True, type=click.Choice([s.value for s in RunStatus])
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([s.value for s in RunStatus]),
+    help="only runs in this status (repeatable)",
 )
 @click.option("--code", "codes", multiple=True, help="failure code")
 @click.option("--since", type=DURATION, help="created within this duration, e.g. 1h")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50)
-@click.option("--after", metavar="RUN", help="page after this run id")
+@click.option("--workflow", metavar="NAME", help="only runs of this workflow (its name:)")
+@click.option(
+    "--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="runs per page"
+)
+@click.option("--after", metavar="RUN", help="page after this run id (toward older runs)")
 @json_option
 @command
 async def runs_cmd(
     statuses: tuple[str, ...],
     codes: tuple[str, ...],
     since: timedelta | None,
+    workflow: str | None,
     limit: int,
     after: str | None,
     as_json: bool,
 ) -> None:
-    """List runs, oldest first, a page at a time."""
-    within = since
+    """List runs, newest first, a page at a time.
+
+    \b
+    Example:
+      runfleet runs --status failed_resumable --since 1h
+      runfleet runs --workflow hello --limit 10
+    """
     async with open_env() as env:
         page = await ops.list_runs(
             env,
             statuses=[RunStatus(s) for s in statuses],
             failure_codes=codes,
-            created_within=within,
+            created_within=since,
+            workflow=workflow,
             after=after,
             limit=limit,
+            newest_first=True,
         )
     if as_json:
         echo_json({"runs": [run_view(r) for r in page.runs], "next_after": page.next_after})
         return
-    click.echo(f"{'RUN':<38} {'WORKFLOW':<16} {'STATUS':<22} {'CODE':<22} ATTEMPT")
-    for r in page.runs:
-        code = r.failure_code or ""
-        click.echo(
-            f"{r.run_id:<38} {r.workflow.name[:16]:<16} {r.status:<22} {code:<22} {r.attempt}"
-        )
+    for line in runs_table(page.runs, utcnow()):
+        click.echo(line)
     if page.next_after:
         click.echo(f"(more: --after {page.next_after})")
 
@@ -204,7 +254,12 @@ async def events_cmd(
     run_id: str, after: int, follow: bool, deliveries: bool, as_json: bool
 ) -> None:
     """Print a run's events (with --follow, as they happen; with --deliveries, merged with its
-    delivery log: claims, acks, nak delays, DLQ records, superseded and duplicate deliveries)."""
+    delivery log: claims, acks, nak delays, DLQ records, superseded and duplicate deliveries).
+
+    \b
+    Example:
+      runfleet events 01a2321e-d5 --follow
+    """
     if deliveries:
         await _timeline(run_id, after, follow, as_json)
         return
@@ -250,11 +305,22 @@ def _timeline_line(entry: ops.TimelineEntry) -> str:
 @click.command("rewind")
 @click.argument("run_id")
 @click.option("--node", required=True, help="the node to rewind to")
-@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--file",
+    "file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="a new workflow source, stored with the rewind",
+)
 @json_option
 @command
 async def rewind_cmd(run_id: str, node: str, file: Path | None, as_json: bool) -> None:
-    """Move a run's checkpoint back to NODE and park it paused_operator."""
+    """Move a run's checkpoint back to NODE and park it paused_operator (SPEC §6.7; not from
+    finished or running).
+
+    \b
+    Example:
+      runfleet rewind 01a2321e-d5 --node review
+    """
     new_source = load_workflow_file(file) if file is not None else None
     async with open_env() as env:
         result = await ops.rewind(env, run_id, node, new_source=new_source)

@@ -74,18 +74,23 @@ async def list_runs(
     statuses: Sequence[RunStatus] = (),
     failure_codes: Sequence[str] = (),
     created_within: timedelta | None = None,
+    workflow: str | None = None,
     after: str | None = None,
     limit: int = 50,
     tenant: str | None = None,
+    newest_first: bool = False,
 ) -> RunPage:
-    """One page of the tenant's runs, oldest first (keyset paging on the run id)."""
+    """One page of the tenant's runs, oldest first or `newest_first` (keyset paging on the
+    time-ordered run id; `after` continues in the same direction)."""
     return await env.store.list_runs(
         RunQuery(
             statuses=list(statuses),
             failure_codes=list(failure_codes),
             created_since=utcnow() - created_within if created_within is not None else None,
             tenant=tenant or env.tenant,
+            workflow=workflow,
             after_run_id=after,
+            newest_first=newest_first,
             limit=limit,
         )
     )

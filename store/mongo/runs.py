@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pymongo import ASCENDING
+from pymongo import ASCENDING, DESCENDING
 
 from store.cas import (
     CasConflict,
@@ -135,10 +135,13 @@ class MongoRunStore(MongoEvents, MongoRecords):
             clauses.append({"created_at": {"$gte": to_ms(query.created_since)}})
         if query.updated_before is not None:
             clauses.append({"updated_at": {"$lt": to_ms(query.updated_before)}})
+        if query.workflow is not None:
+            clauses.append({"workflow.name": query.workflow})
         if query.after_run_id is not None:
-            clauses.append({"_id": {"$gt": query.after_run_id}})
+            clauses.append({"_id": {"$lt" if query.newest_first else "$gt": query.after_run_id}})
         flt: Doc = {"$and": clauses} if clauses else {}
-        raws = await self._find("list runs", self._runs, flt, [("_id", ASCENDING)], query.limit)
+        order = DESCENDING if query.newest_first else ASCENDING
+        raws = await self._find("list runs", self._runs, flt, [("_id", order)], query.limit)
         runs = [self._run(raw) for raw in raws]
         full = query.limit > 0 and len(runs) == query.limit
         return RunPage(runs=runs, next_after=runs[-1].run_id if full else None)

@@ -111,13 +111,16 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         if query.updated_before is not None:
             where.append("updated_ms < ?")
             args.append(to_ms(query.updated_before))
+        if query.workflow is not None:
+            where.append("json_extract(doc, '$.workflow.name') = ?")
+            args.append(query.workflow)
         if query.after_run_id is not None:
-            where.append("run_id > ?")
+            where.append("run_id < ?" if query.newest_first else "run_id > ?")
             args.append(query.after_run_id)
         sql = "SELECT run_id, doc FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY run_id LIMIT ?"
+        sql += f" ORDER BY run_id {'DESC' if query.newest_first else 'ASC'} LIMIT ?"
         args.append(query.limit)
         rows = await self._read(lambda c: c.execute(sql, args).fetchall())
         runs = [_run(d, r) for r, d in rows]

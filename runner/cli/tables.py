@@ -1,0 +1,48 @@
+"""Tables for people: `runfleet runs` (newest first, SPEC §10 v2.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from store import RunDocument, RunStatus
+
+MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
+
+
+def duration_text(value: timedelta) -> str:
+    """`0.4s`, `12s`, `3m05s`, `2h10m`, `3d04h`: short, and exact enough to compare runs."""
+    seconds = max(value.total_seconds(), 0.0)
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def run_duration(run: RunDocument, now: datetime) -> timedelta:
+    """Wall time since the run was created: to its last write once it stopped moving, to now
+    while it is queued or running."""
+    end = now if run.status in MOVING else run.updated_at
+    return end - run.created_at
+
+
+def runs_table(runs: Sequence[RunDocument], now: datetime) -> list[str]:
+    header = (
+        f"{'RUN':<36}  {'WORKFLOW':<16}  {'STATUS':<20}  {'CODE':<18}  {'ORIGIN':<6}"
+        f"  {'STARTED (UTC)':<19}  {'DURATION':>8}  ATTEMPT"
+    )
+    lines = [header]
+    for r in runs:
+        started = r.created_at.strftime("%Y-%m-%d %H:%M:%S")
+        lines.append(
+            f"{r.run_id:<36}  {r.workflow.name[:16]:<16}  {r.status:<20}"
+            f"  {(r.failure_code or '')[:18]:<18}  {r.origin:<6}  {started:<19}"
+            f"  {duration_text(run_duration(r, now)):>8}  {r.attempt}"
+        )
+    return lines
