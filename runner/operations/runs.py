@@ -136,10 +136,11 @@ def merge_timeline(
     events: Sequence[Event], deliveries: Sequence[DeliveryEntry]
 ) -> list[TimelineEntry]:
     """Merge by time, keeping each source's own order (event seq, log sequence): two clocks
-    that disagree by a millisecond never reorder a run's events among themselves."""
+    that disagree by a millisecond never reorder a run's events among themselves. The events'
+    order is the one people read (`ordering.queued_before_claimed`)."""
     return list(
         heapq.merge(
-            (TimelineEntry(e.at, "event", event=e) for e in events),
+            (TimelineEntry(e.at, "event", event=e) for e in queued_before_claimed(events)),
             (TimelineEntry(d.at, "delivery", delivery=d) for d in deliveries),
             key=lambda t: t.at,
         )

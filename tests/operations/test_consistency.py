@@ -21,6 +21,7 @@ from runner.cli.views import run_view
 from runner.operations import Env, is_refusal
 from runner.operations.errors import RunIdAmbiguous
 from runner.operations.run_ids import MIN_PREFIX
+from runner.operations.runs import merge_timeline
 from store import Lease, RunNotFound, RunStatus, utcnow
 from tests.operations.test_dlq import poison, record_for
 from tests.publisher.conftest import put_run
@@ -196,3 +197,18 @@ async def test_a_run_id_may_be_given_by_a_unique_prefix_of_at_least_6_characters
     other = await put_run(env.store, status=RunStatus.FINISHED, tenant="other")
     with pytest.raises(RunNotFound):  # another tenant's run is not a candidate
         await ops.get_run(env, other.run_id[:-4])
+
+
+async def test_the_merged_timeline_also_shows_run_queued_before_its_claim(env: Env) -> None:
+    run = await put_run(env.store, status=RunStatus.RUNNING)
+    for kind in ("run_launched", "run_claimed", "run_queued", "node_started"):
+        await env.store.append_event(run.run_id, kind, {}, attempt=1)
+
+    merged = merge_timeline(await env.store.read_events(run.run_id), [])
+
+    assert [t.event.type for t in merged if t.event is not None] == [
+        "run_launched",
+        "run_queued",
+        "run_claimed",
+        "node_started",
+    ]
