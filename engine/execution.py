@@ -379,6 +379,9 @@ class Execution(RunStops):
                     lease_token=self.token,
                     workspace_dir=self.workspace,
                     scratch_dir=self.scratch,
+                    driver=self.workflow.sandbox.driver,  # the file wins (SPEC §6.1)
+                    image=self.workflow.sandbox.options.get("image"),
+                    resources=self.workflow.sandbox.options.get("resources") or {},
                 )
             )
             await self.events.emit("sandbox_started", name=self._sandbox.name)

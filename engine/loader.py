@@ -28,6 +28,7 @@ from pydantic_core import ErrorDetails
 from engine.errors import ExpressionError, Problem, TemplateError, WorkflowInvalid
 from engine.expressions import compile_check as check_expression
 from engine.failures import is_engine_code
+from engine.sandbox.registry import driver_names, options_model
 from engine.templates import compile_check as check_template
 from engine.templates import is_template
 from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, ToolNode, Workflow
@@ -88,6 +89,7 @@ def load_workflow(text: str, filename: str) -> LoadedWorkflow:
         problems.extend(_problem(lines, err) for err in exc.errors(include_url=False))
     if workflow is not None:
         problems.extend(_graph_problems(workflow, lines))
+        problems.extend(_sandbox_problems(workflow, lines))
     if problems or workflow is None:
         _raise(filename, problems)
     return LoadedWorkflow(workflow, text, source_hash(text), filename)
@@ -351,6 +353,28 @@ def _graph_problems(wf: Workflow, lines: _Lines) -> Iterator[Problem]:
                     f"{node.code} is an engine failure code; a fail node needs a code of its own",
                 )
             yield from _template(lines, (*base, "message"), node.message, shell=False)
+
+
+def _sandbox_problems(wf: Workflow, lines: _Lines) -> Iterator[Problem]:
+    """`sandbox: {driver, options}` (SPEC §7.1, v2.2): a driver the registry knows, and only
+    the options that driver takes (each driver's options model, `registry.options_model`)."""
+    driver, options = wf.sandbox.driver, wf.sandbox.options
+    if driver is None:
+        if options:
+            field, line = lines.locate(("sandbox", "options"))
+            yield Problem(field, line, "options need a driver: name sandbox.driver")
+        return
+    if driver not in driver_names():
+        field, line = lines.locate(("sandbox", "driver"))
+        known = ", ".join(driver_names())
+        yield Problem(field, line, f"no sandbox driver {driver!r} (known: {known})")
+        return
+    try:
+        options_model(driver).model_validate(options)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            loc = ("sandbox", "options", *err["loc"])
+            yield _problem(lines, {**err, "loc": loc})
 
 
 def _expression(lines: _Lines, path: PathKey, expr: str) -> Iterator[Problem]:

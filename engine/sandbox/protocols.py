@@ -22,6 +22,8 @@ __all__ = [
     "SandboxDriver",
     "SandboxRef",
     "SandboxSpec",
+    "SeedDir",
+    "SetupBudgets",
 ]
 
 OUTPUT_CHUNK_BYTES = 64 * 1024
@@ -46,6 +48,28 @@ class SandboxCapabilities:
 
 
 @dataclass(frozen=True, slots=True)
+class SetupBudgets:
+    """One budget per setup phase of a remote sandbox (SPEC §7.1, v2.2), in seconds: a phase
+    that overruns its own budget fails with that phase, its elapsed time and this budget named."""
+
+    schedule_s: float = 300.0
+    """Created → scheduled and its containers started (`RUNFLEET_SANDBOX_SCHEDULE_BUDGET`)."""
+    ready_s: float = 120.0
+    """Started → Ready (`RUNFLEET_SANDBOX_READY_BUDGET`)."""
+    seed_s: float = 120.0
+    """Workspace, scratch and attachments copied in (`RUNFLEET_SANDBOX_SEED_BUDGET`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeedDir:
+    """A host directory copied into the sandbox before its first command (the seed phase)."""
+
+    host: Path
+    sandbox: str
+    """Where it goes inside the sandbox; relative means relative to the workspace."""
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxSpec:
     run_id: str
     lease_token: str
@@ -54,7 +78,18 @@ class SandboxSpec:
     attachments_dir: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     setup_timeout_s: float = 60.0
-    """The budget of each setup phase (not of the whole start)."""
+    """The budget of each setup phase of a driver without `budgets` (the local driver's)."""
+    driver: str | None = None
+    """The workflow's `sandbox.driver`: wins over `RUNFLEET_SANDBOX` (SPEC §6.1); `None` = that
+    setting's driver. Read by `engine.sandbox.router.DriverRouter`."""
+    image: str | None = None
+    """The workflow's `sandbox.options.image`; `None` = the driver's default image."""
+    resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """The workflow's `sandbox.options.resources`: `{"requests"|"limits": {"cpu"|"memory": q}}`."""
+    budgets: SetupBudgets | None = None
+    """Per-phase budgets; `None` = the driver's configured ones."""
+    seed_dirs: tuple[SeedDir, ...] = ()
+    """Copied in, in order, during the seed phase (a driver with `host_backed_scratch=False`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 from engine.config import EngineSettings
 from engine.local import LocalEnv
 from engine.sandbox.protocols import SandboxDriver
-from engine.sandbox.registry import DriverContext, open_driver
+from engine.sandbox.registry import DriverContext
+from engine.sandbox.router import DriverRouter
 from publisher.config import WireSettings
 from publisher.connection import connect
 from publisher.dlq import DlqStore
@@ -84,8 +85,9 @@ class Env:
             await nc.close()
 
     def driver(self) -> SandboxDriver:
-        """`RUNFLEET_SANDBOX`'s driver; `UnknownSandboxDriver` (naming the known) otherwise."""
-        return open_driver(self.engine.sandbox, DriverContext(data_dir=self.data_dir))
+        """`RUNFLEET_SANDBOX`'s driver, and any a workflow names (SPEC §6.1: the file wins);
+        `UnknownSandboxDriver` (naming the known) for an unknown name."""
+        return DriverRouter(self.engine.sandbox, DriverContext(data_dir=self.data_dir))
 
     def local(self, on_event: Callable[[Event], None] | None = None) -> LocalEnv:
         """What an in-process execution needs (`run`, `resume --local`)."""

@@ -36,6 +36,7 @@ from cloudcoil.models.prometheus_operator.v1 import PodMonitor
 from pydantic import BaseModel
 
 from engine.config import EngineSettings
+from engine.sandbox.kubernetes.settings import KubernetesSandboxSettings
 from publisher.config import WireSettings
 from publisher.wire import WireNames
 from runner.cli.main import cli
@@ -63,10 +64,16 @@ CRD_MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
     ("monitoring.coreos.com/v1", "PodMonitor"): PodMonitor,
 }
-SETTINGS_CLASSES = (RunnerSettings, EngineSettings, WireSettings, StoreSettings)
-# Read by the kubernetes sandbox driver (SPEC §12 "sandbox namespace"), which is not in this
-# tree yet: the only RUNFLEET_* names the manifests may set that no settings class declares.
-PENDING_SETTINGS = frozenset({"RUNFLEET_SANDBOX_NAMESPACE"})
+SETTINGS_CLASSES = (
+    RunnerSettings,
+    EngineSettings,
+    WireSettings,
+    StoreSettings,
+    KubernetesSandboxSettings,
+)
+# RUNFLEET_* names the manifests may set that no settings class declares yet: none (the
+# kubernetes driver's settings, SPEC §7.1, are KubernetesSandboxSettings since issue 13).
+PENDING_SETTINGS: frozenset[str] = frozenset()
 # Read from the environment directly (store/blob_url.py), not through a settings class.
 DIRECT_ENV_SETTINGS = frozenset({"RUNFLEET_S3_ENDPOINT", "RUNFLEET_S3_REGION"})
 METRICS_PORT_NAME = "http-metrics"

@@ -1,0 +1,306 @@
+"""The kubernetes driver's API calls against a local fake API server (kmock on 127.0.0.1, the
+exec subresource served by the local exec server): create, get, list, delete, 404, 409, a pod
+that never schedules, one that crash-loops, and the watch wired so a lost pod fails the exec in
+flight at once (SPEC §7.1, §7.2)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kubernetes.aio.client import ApiException, CoreV1Api
+
+from engine.sandbox import (
+    SandboxCapacity,
+    SandboxDriver,
+    SandboxImageInvalid,
+    SandboxLost,
+    SandboxSetupTimeout,
+    SandboxSpec,
+    SandboxStartFailed,
+)
+from engine.sandbox.kubernetes.driver import KubernetesSandboxDriver
+from engine.sandbox.kubernetes.pod import LABEL_MANAGED_BY, LABEL_RUN_ID, build_pod
+from engine.sandbox.kubernetes.sandbox import KubernetesSandbox
+from engine.sandbox.kubernetes.settings import KubernetesSettings
+from engine.sandbox.protocols import SeedDir, SetupBudgets
+from tests.engine.conftest import poll_until
+from tests.engine.kubernetes.cluster import (
+    NAMESPACE,
+    Cluster,
+    fake_cluster,
+    never_ready,
+    unschedulable,
+    waiting,
+)
+
+pytestmark = pytest.mark.asyncio
+FAST = SetupBudgets(schedule_s=0.6, ready_s=0.6, seed_s=5)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with fake_cluster(tmp_path / "pods") as c:
+        yield c
+
+
+@pytest.fixture
+async def driver(cluster: Cluster) -> AsyncIterator[KubernetesSandboxDriver]:
+    settings = KubernetesSettings(
+        namespace=NAMESPACE, image="busybox:1.36", budgets=FAST, delete_grace_s=0, gone_timeout_s=5
+    )
+    d = KubernetesSandboxDriver(settings, api_factory=cluster.api_factory, poll_s=0.02)
+    yield d
+    await d.close()
+
+
+def spec(tmp_path: Path, run_id: str = "run-1", token: str = "tok1", **kw: object) -> SandboxSpec:
+    return SandboxSpec(
+        run_id=run_id,
+        lease_token=token,
+        workspace_dir=tmp_path / "ws",
+        scratch_dir=tmp_path / "scratch",
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+async def _watching(sandbox: KubernetesSandbox) -> None:
+    """Until the sandbox's watch is streaming. kmock ignores a watch's resourceVersion (a real
+    API server replays what happened since the list): an event between the watch's list and
+    its stream would be missed here, never on a cluster."""
+
+    async def events() -> int:
+        return sandbox.watch._events  # the pod's ADDED event: the stream is up
+
+    await poll_until(events, bool, what="the watch streaming")
+
+
+async def test_driver_capabilities_are_process_isolated_not_host_backed_with_dir_copy(
+    driver: KubernetesSandboxDriver,
+) -> None:
+    assert isinstance(driver, SandboxDriver)
+    caps = driver.capabilities
+    assert (caps.process_isolated, caps.host_backed_scratch, caps.supports_dir_copy) == (
+        True,
+        False,
+        True,
+    )
+
+
+async def test_start_creates_one_labelled_pod_per_execution_and_execs_in_it(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    sandbox = await driver.start(spec(tmp_path))
+    pods = cluster.pods()
+    assert list(pods) == [sandbox.name]
+    labels = pods[sandbox.name]["metadata"]["labels"]
+    assert labels[LABEL_RUN_ID] == "run-1" and labels[LABEL_MANAGED_BY] == "runfleet"
+    chunks: list[tuple[str, bytes]] = []
+
+    async def on_output(stream: str, chunk: bytes) -> None:
+        chunks.append((stream, chunk))
+
+    result = await sandbox.exec(
+        "echo out; echo err >&2; pwd; exit 3", timeout_s=10, on_output=on_output
+    )
+    assert result.exit_code == 3 and not result.timed_out
+    assert b"out\n" in result.stdout_tail and result.stderr_tail == b"err\n"
+    assert result.stdout_tail.strip().endswith(b"/workspace")  # cwd = the workspace
+    assert ("stderr", b"err\n") in chunks
+    timed = await sandbox.exec("sleep 30", timeout_s=0.5)
+    assert timed.timed_out
+    await sandbox.stop()
+    assert cluster.pods() == {}
+
+
+async def test_copy_in_and_out_as_tar_over_exec(
+    driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    sandbox = await driver.start(spec(tmp_path))
+    tar_in = tmp_path / "in.tar"
+    with tarfile.open(tar_in, "w") as tar:
+        data = b"hello"
+        info = tarfile.TarInfo("dir/a.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    await sandbox.copy_in(tar_in, Path("seeded"))
+    assert (await sandbox.exec("cat seeded/dir/a.txt", timeout_s=10)).stdout_tail == b"hello"
+    out = tmp_path / "out.tar"
+    await sandbox.copy_out(Path("seeded"), out)
+    with tarfile.open(out) as tar:
+        names = {n.removeprefix("./") for n in tar.getnames()}
+        assert "dir/a.txt" in names, names
+        member = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("dir/a.txt")))
+        assert member is not None and member.read() == b"hello"
+    await sandbox.stop()
+
+
+async def test_seed_dirs_are_copied_in_during_the_seed_phase(
+    driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    seed = tmp_path / "bank"
+    seed.mkdir()
+    (seed / "note").write_text("kept")
+    sandbox = await driver.start(spec(tmp_path, seed_dirs=(SeedDir(seed, "/scratch"),)))
+    assert (
+        await sandbox.exec('cat "$RUNFLEET_SCRATCH_DIR/note"', timeout_s=10)
+    ).stdout_tail == b"kept"
+    await sandbox.stop()
+
+
+async def test_a_seed_phase_that_stalls_past_its_budget_is_sandbox_setup_timeout(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    seed = tmp_path / "bank"
+    seed.mkdir()
+    (seed / "big").write_bytes(b"x" * 1024)
+    budgets = SetupBudgets(schedule_s=5, ready_s=5, seed_s=0.000001)
+    with pytest.raises(SandboxSetupTimeout, match=r"seed phase.*budget"):
+        await driver.start(spec(tmp_path, seed_dirs=(SeedDir(seed, "/scratch"),), budgets=budgets))
+    assert cluster.pods() == {}  # nothing left running after a failure
+
+
+async def test_list_sandboxes_and_stop_others_filter_by_label_client_side(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    old = await driver.start(spec(tmp_path, token="old"))
+    new = await driver.start(spec(tmp_path, token="new"))
+    other = await driver.start(spec(tmp_path, run_id="run-2", token="x"))
+    async with cluster.api_client() as api_client:  # a pod that is not runfleet's
+        stranger = build_pod(run_id="run-1", token="s", namespace=NAMESPACE, image="i")
+        assert stranger.metadata is not None and stranger.metadata.labels is not None
+        stranger.metadata.labels.pop(LABEL_MANAGED_BY)
+        stranger.metadata.name = "stranger"
+        await CoreV1Api(api_client).create_namespaced_pod(NAMESPACE, stranger)
+    refs = {(r.run_id, r.token, r.name) for r in await driver.list_sandboxes()}
+    assert refs == {
+        ("run-1", "old", old.name),
+        ("run-1", "new", new.name),
+        ("run-2", "x", other.name),
+    }
+    assert await driver.stop_others("run-1", keep_token="new") == [old.name]
+    assert set(cluster.pods()) == {new.name, other.name, "stranger"}
+    assert await driver.stop_others("run-1", keep_token="new") == []
+    for sandbox in (old, new, other):
+        await sandbox.stop()  # idempotent, and a 404 on the old one's delete is no error
+
+
+async def test_stop_deletes_with_the_grace_and_confirms_gone(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    sandbox = await driver.start(spec(tmp_path))
+    await sandbox.stop()
+    async with cluster.api_client() as api_client:
+        with pytest.raises(ApiException) as raised:
+            await CoreV1Api(api_client).read_namespaced_pod(sandbox.name, NAMESPACE)
+    assert raised.value.status == 404
+    with pytest.raises(SandboxLost):
+        await sandbox.exec("true", timeout_s=5)
+
+
+async def test_a_pod_name_taken_by_another_is_a_409_and_start_failed(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    async with cluster.api_client() as api_client:
+        squatter = build_pod(run_id="run-1", token="tok1", namespace=NAMESPACE, image="i")
+        await CoreV1Api(api_client).create_namespaced_pod(NAMESPACE, squatter)
+    with pytest.raises(SandboxStartFailed, match="409"):
+        await driver.start(spec(tmp_path))
+
+
+async def test_a_pod_that_never_schedules_is_sandbox_capacity_past_the_schedule_budget(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    cluster.kubelet.script = unschedulable
+    began = time.monotonic()
+    with pytest.raises(SandboxCapacity, match=r"schedule phase: not scheduled.*Insufficient cpu"):
+        await driver.start(spec(tmp_path))
+    assert time.monotonic() - began >= FAST.schedule_s
+    assert cluster.pods() == {}
+
+
+async def test_a_pod_that_crash_loops_is_sandbox_start_failed(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    cluster.kubelet.script = waiting("CrashLoopBackOff", phase="Running")
+    with pytest.raises(SandboxStartFailed, match="CrashLoopBackOff"):
+        await driver.start(spec(tmp_path))
+    assert cluster.pods() == {}
+
+
+async def test_an_image_pull_error_while_pending_is_sandbox_image_invalid_at_once(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    cluster.kubelet.script = waiting("ErrImagePull")
+    began = time.monotonic()
+    with pytest.raises(SandboxImageInvalid, match="ErrImagePull"):
+        await driver.start(spec(tmp_path, image="nope:404"))
+    assert time.monotonic() - began < FAST.schedule_s  # not held to the schedule budget
+    assert cluster.pods() == {}
+
+
+async def test_running_but_never_ready_is_sandbox_start_failed_past_the_ready_budget(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    cluster.kubelet.script = never_ready
+    with pytest.raises(SandboxStartFailed, match=r"ready phase: Running but never Ready"):
+        await driver.start(spec(tmp_path))
+
+
+async def test_a_lost_pod_abandons_the_exec_in_flight_within_2s(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    sandbox = await driver.start(spec(tmp_path))
+    started = asyncio.Event()
+
+    async def on_output(stream: str, chunk: bytes) -> None:
+        started.set()
+
+    running = asyncio.create_task(
+        sandbox.exec("echo go; sleep 60", timeout_s=120, on_output=on_output)
+    )
+    await asyncio.wait_for(started.wait(), 10)
+    await _watching(sandbox)
+    # the API object goes (kmock keeps the node's processes: only the watch can say so)
+    async with cluster.api_client() as api_client:
+        await CoreV1Api(api_client).delete_namespaced_pod(sandbox.name, NAMESPACE)
+    began = time.monotonic()
+    with pytest.raises(SandboxLost, match="deleted"):
+        result = await running
+        pytest.fail(f"the exec ended instead: {result}")  # pragma: no cover
+    assert time.monotonic() - began < 2.0
+
+    # abandoned: the exec's connection is closed, so its command is no longer attached
+    async def live() -> int:
+        return cluster.exec_server.live_execs(NAMESPACE, sandbox.name)
+
+    await poll_until(live, lambda n: n == 0, within=5, what="the exec abandoned")
+    await sandbox.stop()
+
+
+async def test_a_pod_deleted_with_its_processes_killed_is_sandbox_lost_not_a_tool_failure(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    """The kubelet kills a deleted pod's commands: the exec's exit 137 may come before the
+    watch's DELETED event; the node still fails SANDBOX_LOST."""
+    sandbox = await driver.start(spec(tmp_path))
+    started = asyncio.Event()
+
+    async def on_output(stream: str, chunk: bytes) -> None:
+        started.set()
+
+    running = asyncio.create_task(
+        sandbox.exec("echo go; sleep 60", timeout_s=120, on_output=on_output)
+    )
+    await asyncio.wait_for(started.wait(), 10)
+    await _watching(sandbox)
+    cluster.exec_server.delete_pod(NAMESPACE, sandbox.name)  # the node kills it first
+    await cluster.delete(sandbox.name)
+    with pytest.raises(SandboxLost):
+        await running
+    await sandbox.stop()
