@@ -23,6 +23,10 @@ resume`), and breaks things:
 - NATS outage: `nats-server` stopped and started again on the same port; while it is down a
   runner holding runs is SIGTERMed, so its handoff publishes fail. Saved by the orphan sweeper
   (§5.9), which republishes the handed-off attempts.
+- (`--nats-cluster 3`) a three-node JetStream cluster (`runner.localcluster`) with every stream
+  at three replicas, and `--leader-kills` SIGKILLs of the node leading the runs stream, each
+  restarted after `--leader-outage-s`. Saved by the client's reconnect to another server, the
+  stream's new leader (and its dedupe window), and the consumer's replicated state.
 - store fault: a separate sqlite3 connection holds `BEGIN EXCLUSIVE` longer than the busy
   timeout, so every write of every process gets SQLITE_BUSY (`StoreUnavailable`); reads go on
   (WAL). Saved by the transient nak, lease loss and fencing (§5.1, §5.4, §5.6).
@@ -92,12 +96,14 @@ from engine.resume import ResumeRequest
 from publisher import DlqStore, Publisher, WireNames, WireSettings, ensure_streams
 from publisher.dlq import DlqRecord
 from publisher.wire import RunMessage, encode
+from runner.localcluster import NatsCluster
 from runner.localnats import NatsServer
 from store import RunDocument, RunfleetError, RunQuery, RunStatus, StoreError, utcnow
 from store.blobs_fs import FilesystemBlobStore
 from store.sqlite import SqliteRunStore
 from tests.soak_hostile import hostile_bodies
 from tests.soak_seam import SEAM_ENV, PostEngineSeam
+from tests.support.nats_cluster import leader_other_than
 
 TENANT = "default"
 NODES = ("prepare", "flaky", "approve", "work", "finish")
@@ -266,6 +272,11 @@ class SoakConfig:
     quiet: bool = False
     sweeper: bool = True
     """`False` runs the runners with `RUNFLEET_SWEEPER=false` (to show the soak catches it)."""
+    nats_cluster: int = 1
+    """Above 1: a local JetStream cluster of that many servers, streams at that many replicas."""
+    leader_kills: int = 1
+    """With a cluster: SIGKILLs of the runs stream's leader (each restarted)."""
+    leader_outage_s: float = 5.0
 
     @property
     def deadline(self) -> float:
@@ -341,6 +352,9 @@ class Report:
     restarts: int = 0
     crashes: int = 0
     nats_restarts: int = 0
+    leader_kills: int = 0
+    max_leaderless_s: float = 0.0
+    """The longest a killed leader's stream went without a leader (no publish could land)."""
     store_fault_windows: int = 0
     post_engine_windows: int = 0
     post_engine_refused: int = 0
@@ -392,6 +406,10 @@ class Report:
             ("runner restarts", str(self.restarts)),
             ("runner crashes (unexpected exits)", str(self.crashes)),
             ("nats restarts", str(self.nats_restarts)),
+            (
+                "nats stream-leader SIGKILLs (cluster; longest without a leader)",
+                f"{self.leader_kills} ({self.max_leaderless_s:.1f}s)",
+            ),
             ("store-fault windows", str(self.store_fault_windows)),
             (
                 "post-engine store faults (status writes refused)",
@@ -445,7 +463,11 @@ class Soak:
         self.done = self.root / "completions"
         self.logs = self.root / "logs"
         self.names = WireNames(f"soak{uuid.uuid4().hex[:8]}")
-        self.server = NatsServer(self.root / "nats")
+        self.server: NatsServer | NatsCluster = (
+            NatsCluster(self.root / "nats", cfg.nats_cluster)
+            if cfg.nats_cluster > 1
+            else NatsServer(self.root / "nats")
+        )
         self.loaded = load_workflow(WORKFLOW, "soak.yaml")
         self.workflow_file = self.root / "soak.yaml"
         self.started = time.monotonic()
@@ -505,6 +527,8 @@ class Soak:
         }
         if not self.cfg.sweeper:
             env["RUNFLEET_SWEEPER"] = "false"
+        if self.cfg.nats_cluster > 1:
+            env["RUNFLEET_STREAM_REPLICAS"] = str(self.cfg.nats_cluster)
         return env
 
     def wire(self) -> WireSettings:
@@ -521,6 +545,7 @@ class Soak:
             publish_attempts=int(TIMING["PUBLISH_ATTEMPTS"]),
             publish_retry_budget=TIMING["PUBLISH_RETRY_BUDGET"],
             publish_timeout=TIMING["PUBLISH_TIMEOUT"],
+            stream_replicas=self.cfg.nats_cluster,
         )
 
     async def start(self) -> None:
@@ -530,7 +555,7 @@ class Soak:
         await asyncio.to_thread(self.server.start)
         wire = self.wire()
         self.nc = await nats.connect(
-            self.server.url,
+            servers=self.server.url.split(","),
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.25,
             error_cb=_quiet,  # the outage is on purpose: no traceback per reconnect try
@@ -843,9 +868,10 @@ class Soak:
                 code = rp.proc.poll()
                 if code is None or rp.expected_exit or rp.index in self.protected:
                     continue
-                if code == 4 and not rp.ready and self.in_window("nats", slack=5.0):
-                    # Started just as NATS went away: "infrastructure unreachable" (exit 4)
-                    # is the CLI's answer, not a crash.
+                if code == 4 and not rp.ready and self.start_refused_by_nats():
+                    # Started just as NATS went away (or, on a cluster, while the consumer had
+                    # no leader and its info request timed out): "infrastructure unreachable"
+                    # (exit 4) is the CLI's answer, not a crash.
                     rp.expected_exit = "unreachable"
                     self.say(f"runner {rp.index} could not reach NATS at start; restarting")
                 else:
@@ -961,6 +987,11 @@ class Soak:
                         f" {now - first:.0f}s"
                     )
 
+    def start_refused_by_nats(self) -> bool:
+        """Around a NATS outage, or a leader kill plus the 5 s a runner's start-up request
+        waits for an answer (with the slack of this loop's polling)."""
+        return self.in_window("nats", slack=5.0) or self.in_window("leader", slack=10.0)
+
     def in_window(self, kind: str, slack: float) -> bool:
         now = time.monotonic()
         return any(w.kind == kind and w.start - slack <= now <= w.end + slack for w in self.windows)
@@ -991,6 +1022,8 @@ class Soak:
             steps.append((0.1 + 0.5 * i / self.cfg.drains, "drain"))
         for i in range(self.cfg.nats_restarts):
             steps.append((0.3 + 0.4 * i / self.cfg.nats_restarts, "nats"))
+        for i in range(self.cfg.leader_kills if self.cfg.nats_cluster > 1 else 0):
+            steps.append((0.35 + 0.4 * i / self.cfg.leader_kills, "leader"))
         for i in range(self.cfg.store_faults):
             steps.append((0.55 + 0.25 * i / self.cfg.store_faults, "store"))
         for i in range(self.cfg.post_engine_store_faults):
@@ -1010,6 +1043,8 @@ class Soak:
                     await self.drain(outage=False)
                 elif kind == "nats":
                     await self.nats_outage()
+                elif kind == "leader":
+                    await self.leader_kill()
                 elif kind == "store":
                     await self.store_fault()
                 elif kind == "post_engine":
@@ -1114,7 +1149,37 @@ class Soak:
             self.nats_down = False
             window.end = time.monotonic()
             self.report.nats_restarts += 1
-            self.say(f"nats-server started again on port {self.server.port}")
+            self.say(f"nats-server started again at {self.server.url}")
+
+    async def leader_kill(self) -> None:
+        """SIGKILL the cluster node leading the runs stream (it may lead the consumer too);
+        restart it after `leader_outage_s`, once it has caught up."""
+        assert isinstance(self.server, NatsCluster) and self.js is not None
+        info = await self.js.stream_info(self.names.runs_stream)
+        assert info.cluster is not None and info.cluster.leader, info
+        name = info.cluster.leader
+        index = self.server.index_of(name)
+        window = Window("leader", time.monotonic())
+        self.windows.append(window)
+        assert self.nc is not None
+        try:
+            await asyncio.to_thread(self.server.kill, index)
+            self.say(f"nats: SIGKILL of {name}, the runs stream's leader")
+            # Until the survivors elect one (raft's election timeout), the stream has no
+            # leader: publishes get no responders, acks and pulls go unanswered.
+            await leader_other_than(self.nc, self.names.runs_stream, None, exclude=name)
+            leaderless = time.monotonic() - window.start
+            self.report.max_leaderless_s = max(self.report.max_leaderless_s, leaderless)
+            self.say(f"nats: the runs stream has a new leader after {leaderless:.1f}s")
+            rest = self.cfg.leader_outage_s - (time.monotonic() - window.start)
+            await asyncio.sleep(max(0.0, rest))  # the outage's length, on purpose
+        finally:
+            await asyncio.to_thread(self.server.restart, index)
+            for consumer in (None, self.names.consumer):  # whole again before the next fault
+                await leader_other_than(self.nc, self.names.runs_stream, consumer, exclude=None)
+            window.end = time.monotonic()
+            self.report.leader_kills += 1
+            self.say(f"nats: {name} restarted and current")
 
     async def store_fault(self) -> None:
         """Hold SQLite's write lock longer than the busy timeout: every writer of every process
@@ -1560,6 +1625,9 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
     p.add_argument("--drains", type=int, default=1)
     p.add_argument("--nats-restarts", type=int, default=1)
     p.add_argument("--nats-outage-s", type=float, default=8.0, help="how long NATS stays down")
+    p.add_argument("--nats-cluster", type=int, default=1, metavar="N", help="N servers, R=N")
+    p.add_argument("--leader-kills", type=int, default=1, help="with --nats-cluster")
+    p.add_argument("--leader-outage-s", type=float, default=5.0)
     p.add_argument("--store-faults", type=int, default=1)
     p.add_argument("--store-fault-s", type=float, default=12.0)
     p.add_argument("--post-engine-store-faults", type=int, default=1, metavar="N")
@@ -1589,6 +1657,9 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         drains=a.drains,
         nats_restarts=a.nats_restarts,
         nats_outage_s=a.nats_outage_s,
+        nats_cluster=a.nats_cluster,
+        leader_kills=a.leader_kills,
+        leader_outage_s=a.leader_outage_s,
         store_faults=a.store_faults,
         store_fault_s=a.store_fault_s,
         post_engine_store_faults=a.post_engine_store_faults,

@@ -25,9 +25,9 @@ from nats.js import JetStreamContext
 
 from runner.localcluster import NatsCluster
 
-__all__ = ["Cluster", "NatsCluster", "nats_cluster"]
+__all__ = ["Cluster", "NatsCluster", "leader_other_than", "nats_cluster"]
 
-_LEADER_WAIT_S = 15.0
+_LEADER_WAIT_S = 30.0
 _POLL_S = 0.05
 _INFO_TIMEOUT_S = 0.2
 
@@ -47,7 +47,7 @@ class Cluster(NatsCluster):
     async def leader_of(self, stream: str, consumer: str | None = None) -> int:
         """The index of the node leading `stream` (or its `consumer`), once there is one."""
         async with self.client() as (nc, _):
-            return self.index_of(await _leader(nc, stream, consumer, exclude=None))
+            return self.index_of(await leader_other_than(nc, stream, consumer, exclude=None))
 
     async def step_down(self, stream: str, consumer: str | None = None) -> tuple[int, int]:
         """Ask the leader of `stream` (or of its `consumer`) to step down; return (old, new)
@@ -59,10 +59,10 @@ class Cluster(NatsCluster):
             else f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}"
         )
         async with self.client() as (nc, _):
-            old = await _leader(nc, stream, consumer, exclude=None)
+            old = await leader_other_than(nc, stream, consumer, exclude=None)
             reply = await nc.request(subject, b"", timeout=5)
             assert b'"success":true' in reply.data, reply.data
-            new = await _leader(nc, stream, consumer, exclude=old)
+            new = await leader_other_than(nc, stream, consumer, exclude=old)
         return self.index_of(old), self.index_of(new)
 
     async def kill_leader_of(self, stream: str, consumer: str | None = None) -> int:
@@ -72,7 +72,9 @@ class Cluster(NatsCluster):
         return index
 
 
-async def _leader(nc: Client, stream: str, consumer: str | None, *, exclude: str | None) -> str:
+async def leader_other_than(
+    nc: Client, stream: str, consumer: str | None, *, exclude: str | None
+) -> str:
     """Poll the stream's (or consumer's) info until it names a leader other than `exclude`.
 
     During an election nobody answers a consumer's info (it is the leader's to answer) or the
