@@ -29,7 +29,11 @@ NATS_URL_FILE = "nats.url"
 """Written by `runfleet up` under RUNFLEET_DATA so every other command finds the local fleet."""
 
 
-class WireSettings(RunfleetSettings):
+class NatsSettings(RunfleetSettings):
+    """Where NATS is and how to reach it, and the names' namespace: all that a command which
+    only reads or removes DLQ records needs (so `dlq list` does not trip on a lease or publish
+    setting it never uses)."""
+
     data: DataDir = Path(".runfleet")
     nats_url: str | None = Field(
         default=None,
@@ -48,6 +52,35 @@ class WireSettings(RunfleetSettings):
         pattern=r"^[A-Za-z0-9_-]*$",
         json_schema_extra={"accepted": "letters, digits, '_' and '-' only (or empty)"},
     )
+
+    @field_validator("nats_url")
+    @classmethod
+    def _servers_given(cls, value: str | None) -> str | None:
+        if value is not None:
+            for url in split_servers(value):
+                if not _NATS_URL.match(url):
+                    raise ValueError(f"{url!r} is not a nats://, tls://, ws:// or wss:// URL")
+        return value
+
+    def nats_servers(self) -> list[str]:
+        """The server list (`RUNFLEET_NATS_URL` may name a cluster's servers, comma-separated)."""
+        servers = split_servers(self.effective_nats_url())
+        if not servers:
+            raise ValueError(f"no server in RUNFLEET_NATS_URL {self.nats_url!r}")
+        return servers
+
+    def effective_nats_url(self) -> str:
+        if self.nats_url:
+            return self.nats_url
+        url_file = self.data / NATS_URL_FILE
+        if url_file.is_file():
+            return url_file.read_text().strip()
+        return "nats://127.0.0.1:4222"
+
+
+class WireSettings(NatsSettings):
+    """Everything of the wire contract (SPEC §3): the streams, the consumer, publishing."""
+
     stream_replicas: int = Field(default=1, ge=1, le=5)
     max_deliver: int = Field(default=10, ge=2)
     lease_ttl: Duration = timedelta(seconds=30)
@@ -99,27 +132,3 @@ class WireSettings(RunfleetSettings):
     @property
     def effective_ack_wait(self) -> timedelta:
         return self.ack_wait or self.lease_ttl + self.lease_skew
-
-    @field_validator("nats_url")
-    @classmethod
-    def _servers_given(cls, value: str | None) -> str | None:
-        if value is not None:
-            for url in split_servers(value):
-                if not _NATS_URL.match(url):
-                    raise ValueError(f"{url!r} is not a nats://, tls://, ws:// or wss:// URL")
-        return value
-
-    def nats_servers(self) -> list[str]:
-        """The server list (`RUNFLEET_NATS_URL` may name a cluster's servers, comma-separated)."""
-        servers = split_servers(self.effective_nats_url())
-        if not servers:
-            raise ValueError(f"no server in RUNFLEET_NATS_URL {self.nats_url!r}")
-        return servers
-
-    def effective_nats_url(self) -> str:
-        if self.nats_url:
-            return self.nats_url
-        url_file = self.data / NATS_URL_FILE
-        if url_file.is_file():
-            return url_file.read_text().strip()
-        return "nats://127.0.0.1:4222"

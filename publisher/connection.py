@@ -17,7 +17,7 @@ import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from publisher.config import WireSettings
+from publisher.config import NatsSettings
 from publisher.errors import NatsUnavailable
 from store.url import redact
 
@@ -26,7 +26,7 @@ INITIAL_CONNECT_ATTEMPTS = 3
 
 
 async def connect(
-    settings: WireSettings, *, name: str = "runfleet"
+    settings: NatsSettings, *, name: str = "runfleet"
 ) -> tuple[Client, JetStreamContext]:
     options: dict[str, object] = {
         "servers": settings.nats_servers(),

@@ -41,8 +41,8 @@ async def list_records(
     env: Env, *, reason: str | None = None, older_than: timedelta | None = None
 ) -> list[DlqRecord]:
     """Every record (with `reason`, or older than `older_than`, those only), by id."""
-    async with env.publisher() as pub:
-        return await _select(_dlq(pub.dlq), None, reason, older_than)
+    async with env.dlq() as dlq:
+        return await _select(dlq, None, reason, older_than)
 
 
 async def select_records(
@@ -54,13 +54,12 @@ async def select_records(
 ) -> list[DlqRecord]:
     """The records `ids` names (each must exist: `record_not_found`), or with `ids` None every
     record matching the filters — what a purge asks a person to confirm."""
-    async with env.publisher() as pub:
-        return await _select(_dlq(pub.dlq), ids, reason, older_than)
+    async with env.dlq() as dlq:
+        return await _select(dlq, ids, reason, older_than)
 
 
 async def show_record(env: Env, record_id: int) -> RecordDetail:
-    async with env.publisher() as pub:
-        dlq = _dlq(pub.dlq)
+    async with env.dlq() as dlq:
         record = await dlq.get(record_id)
         body = await dlq.body(record)
         message: RunMessage | None = None
@@ -107,6 +106,5 @@ async def replay_records(
 
 async def purge_records(env: Env, ids: Sequence[int]) -> list[int]:
     """Remove records for good; returns the ids that were there to remove."""
-    async with env.publisher() as pub:
-        dlq = _dlq(pub.dlq)
+    async with env.dlq() as dlq:
         return [record_id for record_id in ids if await dlq.delete(record_id)]

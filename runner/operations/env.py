@@ -18,7 +18,7 @@ from engine.local import LocalEnv
 from engine.sandbox.protocols import SandboxDriver
 from engine.sandbox.registry import DriverContext
 from engine.sandbox.router import DriverRouter
-from publisher.config import WireSettings
+from publisher.config import NatsSettings, WireSettings
 from publisher.connection import connect
 from publisher.dlq import DlqStore
 from publisher.nats_errors import nats_boundary
@@ -63,6 +63,24 @@ class Env:
         if self.wire_settings is not None:
             return self.wire_settings
         return WireSettings(data=self.settings.data)
+
+    def nats(self) -> NatsSettings:
+        """Where NATS is (a subset of the wire settings): what reading the DLQ needs."""
+        if self.wire_settings is not None:
+            return self.wire_settings
+        return NatsSettings(data=self.settings.data)
+
+    @contextlib.asynccontextmanager
+    async def dlq(self) -> AsyncIterator[DlqStore]:
+        """The DLQ records, to list, show or remove: reads only `NatsSettings`, so a bad lease
+        or publish setting does not stop `dlq list` (SPEC §10 v2.2). Errors as `publisher`."""
+        nats = self.nats()
+        nc, js = await connect(nats, name=self.client)
+        try:
+            with nats_boundary():
+                yield DlqStore(js, WireNames(nats.namespace), self.blobs)
+        finally:
+            await nc.close()
 
     @contextlib.asynccontextmanager
     async def publisher(self) -> AsyncIterator[Publisher]:

@@ -96,10 +96,9 @@ async def collect_garbage(env: Env, plan: GcPlan) -> GcReport:
     removed = 0
     dlq_error: RunfleetError | None = None
     try:
-        async with env.publisher() as pub:
-            assert pub.dlq is not None
-            for record in await pub.dlq.list(older_than=plan.cutoff):
-                removed += int(await pub.dlq.delete(record.id))
+        async with env.dlq() as dlq:
+            for record in await dlq.list(older_than=plan.cutoff):
+                removed += int(await dlq.delete(record.id))
     except RunfleetError as exc:
         dlq_error = exc
     return GcReport(len(plan.run_ids), uploads, removed, dlq_error)

@@ -205,7 +205,8 @@ def runfleet(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProc
     ("args", "env", "name"),
     [
         (("run", "examples/hello.yaml"), {"RUNFLEET_LEASE_TTL": "abc"}, "RUNFLEET_LEASE_TTL"),
-        (("dlq", "list"), {"RUNFLEET_ACK_WAIT": "5s"}, "RUNFLEET_ACK_WAIT"),
+        (("dlq", "replay", "1"), {"RUNFLEET_ACK_WAIT": "5s"}, "RUNFLEET_ACK_WAIT"),
+        (("dlq", "list"), {"RUNFLEET_NATS_URL": "localhost:4222"}, "RUNFLEET_NATS_URL"),
         (("runner",), {"RUNFLEET_SLOTS": "-3"}, "RUNFLEET_SLOTS"),
         (("run", "examples/hello.yaml"), {"RUNFLEET_SCRATCH_CAP": "lots"}, "RUNFLEET_SCRATCH_CAP"),
         (("runs",), {"RUNFLEET_STORE_URL": "postgres://x"}, "RUNFLEET_STORE_URL"),
@@ -229,12 +230,18 @@ def test_runfleet_exits_2_naming_the_setting_as_typed(
 
 
 def test_a_read_only_command_does_not_trip_on_settings_it_does_not_read(tmp_path: Path) -> None:
-    """`runs` reads the store settings only: a bad lease or sandbox setting is not its
-    concern (the commands that execute, rewind or talk to the queue refuse it)."""
+    """`runs` reads the store settings only, `dlq list` those and where NATS is: a bad lease,
+    ack-wait or sandbox setting is not their concern (the commands that execute, rewind,
+    publish or run the fleet refuse it)."""
     result = runfleet(
         tmp_path, "runs", RUNFLEET_LEASE_TTL="abc", RUNFLEET_ACK_WAIT="5s", RUNFLEET_SANDBOX="x"
     )
     assert result.returncode == 0, result.stderr
+    # `dlq list` reads where NATS is, not the lease or the consumer's ack wait: it gets as far
+    # as the (absent) server.
+    listed = runfleet(tmp_path, "dlq", "list", RUNFLEET_LEASE_TTL="abc", RUNFLEET_ACK_WAIT="5s")
+    assert listed.returncode == 4, listed.stderr
+    assert listed.stderr.startswith("error [nats_unavailable]")
 
 
 @pytest.mark.parametrize(
