@@ -9,7 +9,7 @@ operation raises nothing but `RunfleetError`s.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +24,10 @@ from publisher.dlq import DlqStore
 from publisher.nats_errors import nats_boundary
 from publisher.publisher import Publisher
 from publisher.wire import WireNames
-from store import BlobStore, Event, RunStore
+from store import BlobStore, Event, InvalidStoreUrl, RunStore
 from store.blob_url import open_blob_store
 from store.config import StoreSettings
+from store.settings import SettingProblem, SettingsInvalid
 from store.url import open_store
 
 
@@ -114,12 +115,27 @@ class Env:
         )
 
 
+@contextlib.contextmanager
+def _setting(*names: str) -> Iterator[None]:
+    """A store URL that names no backend runfleet can open is a bad setting (exit 2), named
+    as the user typed it, not an internal error."""
+    try:
+        yield
+    except InvalidStoreUrl as exc:
+        problem = SettingProblem(
+            names, f"{' / '.join(names)}: {exc.message}", exc.remedy or "fix the URL"
+        )
+        raise SettingsInvalid([problem]) from exc
+
+
 @contextlib.asynccontextmanager
 async def open_env(data: Path | None = None, *, client: str = "runfleet-cli") -> AsyncIterator[Env]:
     settings = StoreSettings() if data is None else StoreSettings(data=data)
-    store = await open_store(settings.effective_store_url)
+    with _setting("RUNFLEET_STORE_URL"):
+        store = await open_store(settings.effective_store_url)
     try:
-        blobs = open_blob_store(settings.effective_blob_url)
+        with _setting("RUNFLEET_BLOB_URL", "RUNFLEET_S3_ENDPOINT", "RUNFLEET_S3_REGION"):
+            blobs = open_blob_store(settings.effective_blob_url)
         try:
             yield Env(settings, None, store, blobs, client)
         finally:

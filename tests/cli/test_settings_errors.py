@@ -268,3 +268,16 @@ def test_flag_durations_reach_the_operations_parsed() -> None:
     from runner.cli.options import DURATION
 
     assert DURATION.convert("90s", None, None) == timedelta(seconds=90)
+
+
+def test_a_store_url_no_backend_can_open_is_a_usage_error_naming_the_variable(
+    tmp_path: Path,
+) -> None:
+    for env in (
+        {"RUNFLEET_BLOB_URL": "s3://Bad_Bucket!"},
+        {"RUNFLEET_BLOB_URL": "s3://bucket/p", "RUNFLEET_S3_ENDPOINT": "ftp://x"},
+    ):
+        result = runfleet(tmp_path, "runs", **env)
+        assert result.returncode == 2, (env, result.stderr)
+        assert result.stderr.startswith("error [settings_invalid]: RUNFLEET_BLOB_URL")
+        assert all(value in result.stderr for value in env.values())
