@@ -421,8 +421,7 @@ def test_rbac_is_limited_to_sandbox_pods_in_one_namespace(
     allowed = {
         "pods": {"create", "get", "list", "watch", "delete"},
         "pods/exec": {"create", "get"},
-        "pods/log": {"get"},
-    }
+    }  # exactly what engine/sandbox/kubernetes/ calls (docs/kubernetes.md "RBAC")
     for rule in role["rules"]:
         assert rule["apiGroups"] == [""]
         assert not rule.get("resourceNames") and not rule.get("nonResourceURLs")

@@ -95,7 +95,10 @@ async def default_api_client() -> ApiClient:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
-        await kube_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        # `KUBECONFIG` read now: the client's default location was fixed when it was imported.
+        await kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
+        )
     return ApiClient(configuration)
 
 
@@ -126,7 +129,10 @@ class KubernetesSandboxDriver:
     async def api(self) -> CoreV1Api:
         async with self._lock:
             if self._client is None:
-                self._client = await self._api_factory()
+                try:
+                    self._client = await self._api_factory()
+                except kube_config.ConfigException as exc:
+                    raise SandboxError(f"no kubernetes API: {exc}") from exc
         return CoreV1Api(self._client)
 
     async def close(self) -> None:
