@@ -53,7 +53,7 @@ from engine.outcome import (
     Outcome,
     Paused,
 )
-from engine.sandbox.errors import SandboxError
+from engine.sandbox.errors import SandboxError, SandboxLost
 from engine.sandbox.protocols import Sandbox, SandboxDriver, SandboxSpec
 from engine.stops import RunStops
 from engine.vars import resolve_vars
@@ -336,6 +336,8 @@ class Execution(RunStops):
                     self.settings.output_cap,
                 )
             except SandboxError as exc:
+                if isinstance(exc, SandboxLost):  # SPEC §7.2: said, then the node fails at once
+                    await self.events.emit("sandbox_lost", reason=exc.reason, message=str(exc))
                 code = exc.failure_code or FailureCode.INTERNAL_ERROR
                 return NodeFailed(code, f"{node_id}: {exc}")
         if isinstance(node, CallNode):

@@ -26,6 +26,8 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     ├── TemplateError                           template_failed
     ├── LeaseLost                               lease_lost
     ├── UnknownSandboxDriver                    unknown_sandbox_driver
+    ├── KubernetesSettingsInvalid               kubernetes_settings_invalid
+    │   └── PodTemplateInvalid                  pod_template_invalid
     ├── SandboxError                            sandbox_error
     │   ├── SandboxStartFailed                  sandbox_start_failed
     │   ├── SandboxSetupTimeout                 sandbox_setup_timeout

@@ -93,7 +93,12 @@ class SandboxImageInvalid(SandboxError, failure_code=FailureCode.SANDBOX_IMAGE_I
 
 class SandboxLost(SandboxError, failure_code=FailureCode.SANDBOX_LOST):
     """The sandbox was stopped (by this execution, or by another execution's claim) or died
-    while this execution still needed it."""
+    while this execution still needed it. `reason` is the one word of `sandbox_lost {reason,
+    message}` (SPEC §7.2): the continuity watch's (`deleted`, `evicted`, `replaced`, ...)."""
+
+    def __init__(self, message: str, *, reason: str = "gone") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SandboxRecordCorrupt(SandboxError, code="sandbox_record_corrupt"):

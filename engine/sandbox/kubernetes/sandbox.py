@@ -97,10 +97,9 @@ class KubernetesSandbox:
 
     def _loss(self) -> SandboxLost:
         if self._stopped:
-            return SandboxLost(f"sandbox pod {self._name} was stopped")
-        return SandboxLost(
-            f"sandbox pod {self._name} lost: {self.watch.reason}: {self.watch.message}"
-        )
+            return SandboxLost(f"sandbox pod {self._name} was stopped", reason="stopped")
+        reason = self.watch.reason or "gone"
+        return SandboxLost(f"sandbox pod {self._name} lost: {self.watch.message}", reason=reason)
 
     async def _guarded(self, work: Coroutine[Any, Any, T]) -> T:
         """`work`, abandoned the moment the watch reports the pod lost."""

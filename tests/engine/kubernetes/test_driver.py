@@ -270,10 +270,11 @@ async def test_a_lost_pod_abandons_the_exec_in_flight_within_2s(
     async with cluster.api_client() as api_client:
         await CoreV1Api(api_client).delete_namespaced_pod(sandbox.name, NAMESPACE)
     began = time.monotonic()
-    with pytest.raises(SandboxLost, match="deleted"):
+    with pytest.raises(SandboxLost, match="deleted") as raised:
         result = await running
         pytest.fail(f"the exec ended instead: {result}")  # pragma: no cover
     assert time.monotonic() - began < 2.0
+    assert raised.value.reason == "deleted"  # sandbox_lost {reason, message}
 
     # abandoned: the exec's connection is closed, so its command is no longer attached
     async def live() -> int:
