@@ -64,6 +64,7 @@ class NatsServer:
         self.log_path = work_dir / "nats-server.log"
         self.port: int | None = port
         self.extra_args = tuple(extra_args)
+        self.paused = False
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -117,6 +118,7 @@ class NatsServer:
     def stop(self, timeout: float = _STOP_TIMEOUT_S) -> None:
         """SIGTERM, wait, SIGKILL if it does not exit in time. A no-op if not running."""
         proc, self._proc = self._proc, None
+        self.paused = False
         if proc is not None:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
@@ -129,6 +131,7 @@ class NatsServer:
     def kill(self) -> None:
         """SIGKILL, as a crashed broker node: no shutdown, no leadership handed over."""
         proc, self._proc = self._proc, None
+        self.paused = False
         if proc is not None:
             if proc.poll() is None:
                 proc.kill()
@@ -138,10 +141,12 @@ class NatsServer:
         """SIGSTOP: the process stays, its sockets stay open, and it answers nothing."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGSTOP)
+            self.paused = True
 
     def resume(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGCONT)
+        self.paused = False
 
     def _wait_for_port(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
         ports_file = self.work_dir / f"{self.binary.name}_{proc.pid}.ports"

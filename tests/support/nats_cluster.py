@@ -37,7 +37,7 @@ class Cluster(NatsCluster):
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[tuple[Client, JetStreamContext]]:
-        live = [n.url for n in self.nodes if n.running]
+        live = [n.url for n in self.nodes if n.running and not n.paused]
         nc = await nats.connect(servers=live, connect_timeout=2, max_reconnect_attempts=5)
         try:
             yield nc, nc.jetstream()
