@@ -10,6 +10,7 @@ exit 1. One table here, so the CLI, the console and the API classify alike.
 from __future__ import annotations
 
 from engine.errors import WorkflowInvalid
+from engine.sandbox.kubernetes.settings import KubernetesSettingsInvalid
 from publisher.errors import NatsUnavailable, PublishFailed
 from store import Refusal, RunfleetError, StoreUnavailable
 from store.settings import SettingsInvalid
@@ -33,9 +34,15 @@ class RunIdAmbiguous(Refusal, code="run_id_ambiguous"):
         return {**super().to_dict(), "candidates": list(self.candidates)}
 
 
+USAGE: tuple[type[RunfleetError], ...] = (SettingsInvalid, KubernetesSettingsInvalid)
+"""A setting that cannot be used: a `RUNFLEET_*` value (`store.settings`), or the kubernetes
+driver's settings judged together when it opens (an image required, a pod template that does
+not parse)."""
+
+
 def is_usage(exc: RunfleetError) -> bool:
     """A value the person gave (a setting) cannot be used: they fix it and try again."""
-    return isinstance(exc, SettingsInvalid)
+    return isinstance(exc, USAGE)
 
 
 def is_refusal(exc: RunfleetError) -> bool:

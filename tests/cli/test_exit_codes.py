@@ -100,3 +100,11 @@ def test_nats_chatter_never_reaches_the_terminal_before_the_clean_error(tmp_path
     assert lines[0].startswith("error [nats_unavailable]: cannot reach NATS"), result.stderr
     assert lines[1].startswith("  remedy: ")
     assert len(lines) == 2, result.stderr
+
+
+def test_a_kubernetes_driver_setting_that_cannot_be_used_is_a_usage_error(tmp_path: Path) -> None:
+    result = runfleet(
+        tmp_path, "run", "examples/hello.yaml", "--var", "name=Ada", RUNFLEET_SANDBOX="kubernetes"
+    )
+    assert result.returncode == 2, result.stderr
+    assert "RUNFLEET_SANDBOX_IMAGE" in result.stderr
