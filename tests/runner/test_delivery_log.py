@@ -17,10 +17,22 @@ from nats.js.api import RetentionPolicy, StorageType
 
 from engine.local import new_run_id
 from publisher import WireNames, WireSettings, ensure_streams
+from runner.backstop import Backstop
 from runner.delivery_log import UNATTRIBUTED, DeliveryEntry, DeliveryLog, read_deliveries
 from runner.runner import Runner
 from store import RunStatus, utcnow
-from tests.runner.callables import body, bound_drain, lease, new_run, publish_raw, workflow
+from tests.runner.callables import (
+    body,
+    bound_drain,
+    entered,
+    idle_runner,
+    lease,
+    new_run,
+    open_fleet,
+    publish_raw,
+    release,
+    workflow,
+)
 from tests.runner.conftest import Fleet, eventually
 from tests.runner.procs import run_cli
 from tests.support.nats_server import NatsServer
@@ -118,6 +130,26 @@ async def test_a_transient_failure_is_logged_as_a_nak_with_its_delay(
     assert (entries[2].at - nak.at).total_seconds() >= nak.delay - 0.01
 
 
+async def test_a_transient_failure_at_the_last_delivery_is_logged_with_its_dlq_record(
+    tmp_path: Path, nats_server: NatsServer, gates: Path
+) -> None:
+    async with open_fleet(tmp_path / "small", nats_server, max_deliver=2) as small:
+        await small.start_runner(sweeper=False, backstop=False)
+        run = await small.launch(workflow("flaky").source, {"dir": str(gates)})
+        entries = await wait_log(small, run.run_id, lambda es: ("ack", "dlq_parked") in actions(es))
+        parked = await small.wait_status(run.run_id, "failed_resumable")
+        assert parked.failure_code == "DLQ_PARKED"
+        assert actions(entries) == [
+            ("claim", "fresh"),
+            ("nak", "transient"),
+            ("claim", "auto_retry"),
+            ("ack", "dlq_parked"),
+        ]
+        last = entries[-1]
+        assert last.num_delivered == 2 and last.record_id == last.stream_seq
+        assert (await small.dlq.get(last.stream_seq)).reason == "retries_exhausted"
+
+
 async def test_a_superseded_delivery_is_logged_and_writes_nothing_on_its_run(
     fleet: Fleet, runner: Runner
 ) -> None:
@@ -170,6 +202,44 @@ async def test_a_dead_lettered_poison_message_is_logged_as_dlq_with_its_record_i
     assert (poison.action, poison.reason, poison.record_id) == ("dlq", "malformed", junk.seq)
     assert poison.run_id is None and poison.attempt is None
     assert (await fleet.dlq.get(junk.seq)).reason == "malformed"
+
+
+async def test_a_drained_execution_is_logged_as_a_handoff_and_its_new_attempt_as_a_claim(
+    fleet: Fleet, gates: Path
+) -> None:
+    a = await fleet.start_runner(sweeper=False, backstop=False)
+    run = await fleet.launch(workflow("hold").source, {"dir": str(gates)})
+
+    async def holding() -> bool:
+        return entered(gates, run.run_id) == [1]
+
+    await eventually(holding)
+    await a.shutdown()  # the drain: RUNNER_INTERRUPTED, then a handoff as attempt 2
+    release(gates, run.run_id)
+    b = await fleet.start_runner(sweeper=False, backstop=False)
+    await fleet.wait_status(run.run_id, "finished")
+    entries = await wait_log(fleet, run.run_id, lambda es: ("ack", "finished") in actions(es))
+    assert [(e.action, e.reason, e.attempt, e.runner) for e in entries] == [
+        ("claim", "fresh", 1, a.owner),
+        ("handoff", "drain", 1, a.owner),
+        ("claim", "auto_retry", 2, b.owner),
+        ("ack", "finished", 2, b.owner),
+    ]
+    # The handoff spent no delivery budget: the new attempt's message is a first delivery.
+    assert [e.num_delivered for e in entries] == [1, 1, 1, 1]
+    assert entries[0].stream_seq == entries[1].stream_seq != entries[2].stream_seq
+
+
+async def test_the_backstops_dlq_record_is_logged_with_its_record_id(fleet: Fleet) -> None:
+    idle = await idle_runner(fleet, owner="backstop-log")
+    run_id = new_run_id()
+    await fleet.store.create_run(new_run("hello", run_id=run_id, status=S.QUEUED))
+    seq = await publish(fleet, run_id, 1)  # left in the stream, as after max deliveries
+    assert await Backstop(idle.svc).settle(seq) == ("parked", None)
+    [entry] = await wait_log(fleet, run_id, lambda es: bool(es))
+    assert (entry.action, entry.reason, entry.record_id) == ("dlq", "max_deliveries", seq)
+    assert (entry.stream_seq, entry.num_delivered) == (seq, fleet.wire.max_deliver)
+    assert entry.runner == "backstop:backstop-log"
 
 
 async def test_events_deliveries_json_merges_the_runs_events_and_its_log_in_time_order(
