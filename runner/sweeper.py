@@ -26,6 +26,7 @@ import nats.errors
 from nats.js.errors import NotFoundError
 
 from engine.failures import FailureCode, is_auto_resumable
+from engine.sandbox.errors import SandboxError
 from publisher.dlq import DlqRecord
 from publisher.errors import DuplicatePublication, PublishFailed, RecordNotFound
 from runner.services import RunnerServices
@@ -331,7 +332,12 @@ class Sweeper:
         so a sandbox started after the read is never mistaken for an orphan)."""
         svc = self.svc
         reaped = 0
-        for ref in await svc.driver.list_sandboxes():
+        try:
+            refs = await svc.driver.list_sandboxes()
+        except SandboxError as exc:  # e.g. the API server of sandbox pods is unreachable
+            log.warning("sweep: sandboxes not listed, none reaped this pass: %s", exc)
+            return 0
+        for ref in refs:
             try:
                 run = await svc.store.get_run(ref.run_id)
                 keep = run.lease.token if run.lease is not None else ""
@@ -340,5 +346,8 @@ class Sweeper:
             except StoreError:
                 continue
             if keep != ref.token:
-                reaped += len(await svc.driver.stop_others(ref.run_id, keep_token=keep))
+                try:
+                    reaped += len(await svc.driver.stop_others(ref.run_id, keep_token=keep))
+                except SandboxError as exc:
+                    log.warning("sweep: sandboxes of run %s not reaped: %s", ref.run_id, exc)
         return reaped

@@ -308,6 +308,8 @@ class KubernetesSandboxDriver:
             await api.delete_namespaced_pod(
                 name, self.settings.namespace, body=body, _request_timeout=_REQUEST_TIMEOUT_S
             )
+        except _UNREACHABLE as exc:
+            raise SandboxError(f"sandbox pod {name}: delete not answered: {exc!r}") from exc
         except ApiException as exc:
             if exc.status in (404, 409):  # gone, or a UID that is not ours any more
                 return False
@@ -332,11 +334,16 @@ class KubernetesSandboxDriver:
     async def _pods(self, run_id: str | None = None) -> list[V1Pod]:
         """runfleet's live sandbox pods (of `run_id`), filtered client-side as well."""
         api = await self.api()
-        listed = await api.list_namespaced_pod(
-            self.settings.namespace,
-            label_selector=run_selector(run_id),
-            _request_timeout=_REQUEST_TIMEOUT_S,
-        )
+        try:
+            listed = await api.list_namespaced_pod(
+                self.settings.namespace,
+                label_selector=run_selector(run_id),
+                _request_timeout=_REQUEST_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            raise SandboxError(f"sandbox pods not listed: {exc.status} {exc.reason}") from exc
+        except _UNREACHABLE as exc:
+            raise SandboxError(f"sandbox pods not listed: {exc!r}") from exc
         pods = []
         for pod in listed.items:
             meta = pod.metadata
