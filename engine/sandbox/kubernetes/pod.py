@@ -126,6 +126,7 @@ def build_pod(
     """The execution's pod; `PodInvalid` when the merged manifest does not validate."""
     restricted = {
         "allowPrivilegeEscalation": False,
+        "privileged": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
@@ -168,6 +169,9 @@ def build_pod(
         "spec": {
             "restartPolicy": "Never",
             "shareProcessNamespace": True,
+            "hostNetwork": False,
+            "hostPID": False,
+            "hostIPC": False,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": {
@@ -187,8 +191,13 @@ def build_pod(
     pod_security = manifest["spec"]["securityContext"]
     for key in ("runAsUser", "runAsGroup", "fsGroup"):
         pod_security.setdefault(key, SANDBOX_UID)
-    if pod_security["runAsUser"] == 0:
+    if pod_security["runAsUser"] == 0 or any(
+        (c.get("securityContext") or {}).get("runAsUser") == 0
+        for c in manifest["spec"].get("containers", [])
+    ):
         raise PodInvalid("the pod template sets runAsUser 0; a sandbox never runs as root")
+    if any("hostPath" in v for v in manifest["spec"].get("volumes", [])):
+        raise PodInvalid("the pod template mounts a hostPath; a sandbox never sees its node")
     try:
         return V1Pod.model_validate(manifest)
     except ValidationError as exc:

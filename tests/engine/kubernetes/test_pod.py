@@ -120,8 +120,8 @@ def test_pod_template_is_merged_under_the_drivers_own_fields() -> None:
     mounts = {m.name for m in container.volume_mounts or []}
     assert {"cache", "workspace", "scratch"} <= mounts
     assert {v.name for v in pod.spec.volumes or []} >= {"cache", "workspace", "scratch"}
-    # a template may add a field the driver does not set (privileged) — it is kept only because
-    # the API server's Pod Security admission refuses it in a restricted namespace (docs)
+    assert container.security_context.privileged is False  # the template's True: overruled
+    assert pod.spec.host_network is False and pod.spec.host_pid is False
     assert _manifest(pod)["kind"] == "Pod"
 
 
@@ -130,9 +130,19 @@ def test_pod_template_with_a_misspelled_field_is_refused_by_the_clients_model() 
         _pod(template={"spec": {"nodeSelektor": {"a": "b"}}})
 
 
-def test_pod_template_cannot_make_the_sandbox_root() -> None:
-    with pytest.raises(PodInvalid, match="root"):
-        _pod(template={"spec": {"securityContext": {"runAsUser": 0}}})
+@pytest.mark.parametrize(
+    "template",
+    [
+        {"spec": {"securityContext": {"runAsUser": 0}}},
+        {"spec": {"containers": [{"name": "sandbox", "securityContext": {"runAsUser": 0}}]}},
+        {"spec": {"volumes": [{"name": "node", "hostPath": {"path": "/"}}]}},
+    ],
+)
+def test_pod_template_cannot_make_the_sandbox_root_or_reach_its_node(
+    template: dict[str, object],
+) -> None:
+    with pytest.raises(PodInvalid, match=r"root|hostPath"):
+        _pod(template=template)
 
 
 def test_resources_option_reaches_the_container() -> None:
