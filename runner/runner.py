@@ -190,6 +190,10 @@ class Runner:
                 await self._unsubscribe_pulls()
                 with contextlib.suppress(Exception):
                     await self._nc.drain()
+            close = getattr(self.driver, "close", None)  # a driver's API client (kubernetes)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
         finally:
             self._stopped.set()
 

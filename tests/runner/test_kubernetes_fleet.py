@@ -57,8 +57,7 @@ async def k8s_runner(fleet: Fleet, cluster: Cluster) -> AsyncIterator[Runner]:
     await runner.start()
     fleet.runners.append(runner)
     yield runner
-    await runner.shutdown()
-    await router.close()
+    await runner.shutdown()  # closes the driver's API client too
 
 
 def _workflow(mark: Path) -> str:

@@ -23,7 +23,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import aiohttp
 from kubernetes.aio import config as kube_config
@@ -65,7 +64,7 @@ from engine.sandbox.kubernetes.pod import (
 from engine.sandbox.kubernetes.sandbox import KubernetesSandbox, pack_dir, sandbox_path
 from engine.sandbox.kubernetes.settings import KubernetesSettings
 from engine.sandbox.kubernetes.watch import PodWatch
-from engine.sandbox.protocols import SandboxCapabilities, SandboxRef, SandboxSpec
+from engine.sandbox.protocols import SandboxCapabilities, SandboxRef, SandboxSpec, SetupBudgets
 
 __all__ = ["ApiFactory", "KubernetesSandboxDriver"]
 
@@ -219,7 +218,9 @@ class KubernetesSandboxDriver:
             raise SandboxStartFailed(f"sandbox pod {manifest.metadata.name} exists, not ours")
         return pod.metadata.uid if pod.metadata else None
 
-    async def _until_ready(self, api: CoreV1Api, name: str, uid: str | None, budgets: Any) -> V1Pod:
+    async def _until_ready(
+        self, api: CoreV1Api, name: str, uid: str | None, budgets: SetupBudgets
+    ) -> V1Pod:
         """Poll the pod through the schedule and ready phases, each on its own budget."""
         phase: Phase = "schedule"
         began = time.monotonic()
@@ -243,8 +244,8 @@ class KubernetesSandboxDriver:
             await asyncio.sleep(self._poll_s)
 
     @staticmethod
-    def _budget(phase: Phase, budgets: Any) -> float:
-        return float(budgets.schedule_s if phase == "schedule" else budgets.ready_s)
+    def _budget(phase: Phase, budgets: SetupBudgets) -> float:
+        return budgets.schedule_s if phase == "schedule" else budgets.ready_s
 
     async def _read(self, api: CoreV1Api, name: str) -> V1Pod | None:
         """The pod; `None` when it cannot be read now; `SandboxLost` when it is gone."""
