@@ -151,7 +151,7 @@ async def fake_cluster(root: Path) -> AsyncIterator[Cluster]:
         kmock.KubernetesEmulator() as emulator,
         ExecServer(root, fallback=emulator) as exec_server,
     ):
-        emulator.resources["v1/pods"] = {}  # listable before the first pod exists
+        emulator.resources["v1/pods"] = kmock.ResourceInfo()  # listable before the first pod
         kubelet = Kubelet(emulator)
         task = asyncio.create_task(kubelet.run())
         try:

@@ -11,6 +11,7 @@ import tarfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes.aio.client import ApiException, CoreV1Api
@@ -59,14 +60,14 @@ async def driver(cluster: Cluster) -> AsyncIterator[KubernetesSandboxDriver]:
     await d.close()
 
 
-def spec(tmp_path: Path, run_id: str = "run-1", token: str = "tok1", **kw: object) -> SandboxSpec:
+def spec(tmp_path: Path, run_id: str = "run-1", token: str = "tok1", **kw: Any) -> SandboxSpec:
     return SandboxSpec(
         run_id=run_id,
         lease_token=token,
         workspace_dir=tmp_path / "ws",
         scratch_dir=tmp_path / "scratch",
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
 async def _watching(sandbox: KubernetesSandbox) -> None:

@@ -35,7 +35,7 @@ def _pod(**kwargs: object) -> V1Pod:
 
 
 def _manifest(pod: V1Pod) -> dict[str, object]:
-    data: dict[str, object] = ApiClient().sanitize_for_serialization(pod)
+    data: dict[str, object] = ApiClient().sanitize_for_serialization(pod)  # type: ignore[no-untyped-call]
     return data
 
 

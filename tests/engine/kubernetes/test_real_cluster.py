@@ -8,6 +8,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,14 +33,14 @@ async def driver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubernetesSan
     await d.close()
 
 
-def _spec(tmp_path: Path, **kw: object) -> SandboxSpec:
+def _spec(tmp_path: Path, **kw: Any) -> SandboxSpec:
     return SandboxSpec(
         run_id=new_run_id(),
         lease_token="t1",
         workspace_dir=tmp_path / "ws",
         scratch_dir=tmp_path / "scratch",
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
 async def test_real_cluster_start_exec_copy_stop(

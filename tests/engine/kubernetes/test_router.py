@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,14 +35,14 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         yield c
 
 
-def _spec(tmp_path: Path, token: str, **kw: object) -> SandboxSpec:
+def _spec(tmp_path: Path, token: str, **kw: Any) -> SandboxSpec:
     return SandboxSpec(
         run_id="run-1",
         lease_token=token,
         workspace_dir=tmp_path / "ws" / token,
         scratch_dir=tmp_path / "scratch",
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
 async def test_workflow_sandbox_driver_wins_over_RUNFLEET_SANDBOX(
