@@ -30,3 +30,8 @@ class RunnerSettings(RunfleetSettings):
     sweeper: bool = Field(default=True, description="take part in the orphan sweeper")
     backstop: bool = Field(default=True, description="consume MAX_DELIVERIES advisories")
     healthy_within: Duration = timedelta(seconds=60)
+    consumer_wait: Duration = Field(
+        default=timedelta(seconds=30),
+        description="how long a starting runner waits for the consumer to answer (a leader"
+        " election on a NATS cluster takes a few seconds)",
+    )

@@ -20,7 +20,9 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.api import ConsumerInfo
+from nats.js.errors import NotFoundError, ServiceUnavailableError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from engine.config import EngineSettings
 from engine.outcome import CancelReason
@@ -278,7 +280,7 @@ class Runner:
 
     async def _check_consumer(self, js: JetStreamContext) -> None:
         try:
-            info = await js.consumer_info(self.names.runs_stream, self.names.consumer)
+            info = await self._consumer_info(js)
         except NotFoundError:
             raise ConsumerMismatch(
                 f"no consumer {self.names.consumer} on stream {self.names.runs_stream}"
@@ -294,6 +296,25 @@ class Runner:
             raise ConsumerMismatch(
                 f"consumer {self.names.consumer} contradicts this runner: {'; '.join(problems)}"
             )
+
+    async def _consumer_info(self, js: JetStreamContext) -> ConsumerInfo:
+        """The consumer's info, waiting out a leader election: on a cluster a consumer whose
+        leader just died answers nothing (or 503) for a few seconds (docs/deploy.md), and a
+        runner started in that window must not exit for it. Bounded by the start-up budget."""
+        async for attempt in AsyncRetrying(
+            stop=stop_after_delay(self.settings.consumer_wait.total_seconds()),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            retry=retry_if_exception_type(
+                (nats.errors.TimeoutError, TimeoutError, ServiceUnavailableError)
+            ),
+            reraise=True,
+        ):
+            with attempt:
+                info: ConsumerInfo = await js.consumer_info(
+                    self.names.runs_stream, self.names.consumer
+                )
+                return info
+        raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def health(self) -> dict[str, Any]:
         return {

@@ -258,3 +258,38 @@ def test_up_refuses_a_nats_cluster_when_a_nats_url_is_set(tmp_path: Path) -> Non
         timeout=30,
     )
     assert done.returncode == 2 and "unset RUNFLEET_NATS_URL" in done.stderr, done
+
+
+async def test_a_runner_started_while_the_consumer_has_no_leader_waits_for_the_election(
+    nats_cluster: Cluster, nats_prefix: str, tmp_path: Path
+) -> None:
+    """Its start-up check of the consumer is waited out across a leader election instead of
+    exiting 4 (a container restart loop in Kubernetes)."""
+    from engine.sandbox.local import LocalSandboxDriver
+    from runner.config import RunnerSettings
+    from runner.runner import Runner
+    from store.sqlite import SqliteRunStore
+
+    settings = wire(nats_cluster, nats_prefix)
+    names = WireNames(nats_prefix)
+    nc, js = await connect(settings, name="test-runner-election")
+    try:
+        await ensure_streams(js, names, settings)
+    finally:
+        await nc.close()
+    killed = await nats_cluster.kill_leader_of(names.runs_stream, names.consumer)
+    store = await SqliteRunStore.open(tmp_path / "runs.db")
+    runner = Runner(
+        store=store,
+        driver=LocalSandboxDriver(tmp_path / "data"),
+        data_dir=tmp_path / "data",
+        settings=RunnerSettings(http_host="127.0.0.1", sweeper=False, backstop=False),
+        wire=settings,
+    )
+    try:
+        await runner.start()  # raised a NATS timeout (exit 4) before the wait
+        assert runner.svc is not None
+    finally:
+        await runner.shutdown()
+        await store.close()
+        nats_cluster.restart(killed)
