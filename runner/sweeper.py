@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import nats.errors
 from nats.js.errors import NotFoundError
@@ -198,19 +199,13 @@ class Sweeper:
             record = await self._dead_letter_record(run)
             if record is not None:
                 return await self._park(run, record)
-            lost = await svc.store.update_run(
-                run.run_id,
+            lost = await self._fail_resumable(
+                run,
                 [*self._as_read(run), Eq("version", run.version)],
-                Update(
-                    set={
-                        "status": RunStatus.FAILED_RESUMABLE,
-                        "failure_code": FailureCode.RUNNER_LOST,
-                        "error": "its runner vanished and its message is gone",
-                    },
-                    unset=["lease"],
-                ),
+                FailureCode.RUNNER_LOST,
+                "its runner vanished and its message is gone",
             )
-            if isinstance(lost, CasConflict):
+            if lost is None:
                 return None
             await svc.store.append_event(
                 run.run_id,
@@ -256,20 +251,14 @@ class Sweeper:
         delivery (say an admission-phase internal error there) is parked `DLQ_PARKED`, as the
         backstop would have; an operator's resume or a replay of the record brings it back."""
         svc = self.svc
-        parked = await svc.store.update_run(
-            run.run_id,
+        parked = await self._fail_resumable(
+            run,
             self._as_read(run),
-            Update(
-                set={
-                    "status": RunStatus.FAILED_RESUMABLE,
-                    "failure_code": FailureCode.DLQ_PARKED,
-                    "cause_code": run.failure_code,
-                    "error": f"its last delivery was dead-lettered ({record.reason[:80]})",
-                },
-                unset=["lease"],
-            ),
+            FailureCode.DLQ_PARKED,
+            f"its last delivery was dead-lettered ({record.reason[:80]})",
+            cause_code=run.failure_code,
         )
-        if isinstance(parked, CasConflict):
+        if parked is None:
             return None
         await svc.store.append_event(
             run.run_id,
@@ -278,6 +267,29 @@ class Sweeper:
             attempt=run.attempt,
         )
         return "dlq_parked"
+
+    async def _fail_resumable(
+        self,
+        run: RunDocument,
+        conditions: list[Any],
+        code: str,
+        error: str,
+        *,
+        cause_code: str | None = None,
+    ) -> RunDocument | None:
+        """`failed_resumable` with `code`, the lease dropped, by CAS on what was read; None
+        when the run moved meanwhile (the next pass judges it again)."""
+        fields: dict[str, Any] = {
+            "status": RunStatus.FAILED_RESUMABLE,
+            "failure_code": code,
+            "error": error,
+        }
+        if code == FailureCode.DLQ_PARKED:
+            fields["cause_code"] = cause_code
+        result = await self.svc.store.update_run(
+            run.run_id, conditions, Update(set=fields, unset=["lease"])
+        )
+        return None if isinstance(result, CasConflict) else result
 
     async def _count(self, run: RunDocument) -> RunDocument | None:
         """The CAS that allows one republish: bump the sweep counter `n` on what was read.
