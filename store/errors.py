@@ -38,6 +38,9 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     │   ├── SandboxExecFailed                   sandbox_exec_failed
     │   └── SandboxCopyFailed                   sandbox_copy_failed
     │       └── SandboxArchiveInvalid           sandbox_archive_invalid
+    ├── ArchiveError                            archive_error
+    │   ├── ArchiveOverCap                      archive_over_cap
+    │   └── ArchiveRefused                      archive_refused
     ├── NatsUnavailable                         nats_unavailable          (CLI exit code 4)
     │   ├── NatsTimeout                         nats_timeout
     │   ├── JetStreamUnavailable                jetstream_unavailable
@@ -67,7 +70,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── RunIdAmbiguous                      run_id_ambiguous
         └── RecordNotFound                      record_not_found
 
-`store` is drawn first, then `engine` (`errors`, `fencing`, `sandbox.errors`, `vars`,
+`store` is drawn first, then `engine` (`errors`, `fencing`, `sandbox.errors`, `archive`, `vars`,
 `refusals`), then `publisher`, then `runner`; `StoreUnavailable` and the `NatsUnavailable`
 family are what the CLI calls unreachable (exit code 4).
 """

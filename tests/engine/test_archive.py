@@ -1,0 +1,175 @@
+"""engine/archive.py: the one module that makes and opens tars (explicit level, stat before and
+after, safe extraction)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.archive import (
+    ArchiveOverCap,
+    ArchiveRefused,
+    check_archive,
+    make_archive,
+    safe_extract,
+)
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    out: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[rel] = "->" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = path.read_bytes()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def _evil(tmp_path: Path, *members: tarfile.TarInfo) -> Path:
+    archive = tmp_path / "evil.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for m in members:
+            tar.addfile(m, io.BytesIO(b"x" * m.size) if m.isreg() else None)
+    return archive
+
+
+def _member(name: str, *, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.size = 1 if kind == tarfile.REGTYPE else 0
+    return info
+
+
+def test_a_directory_round_trips_byte_for_byte_with_links_not_followed(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "a" / "b" / "data.bin").write_bytes(os.urandom(200_000))
+    (src / "verify.sh").write_text("#!/bin/sh\nexit 0\n")
+    (src / "verify.sh").chmod(0o755)
+    (src / "empty").mkdir()
+    (src / "link").symlink_to("a/b/data.bin")
+    stats = make_archive(src, tmp_path / "out.tgz", level=1)
+    assert stats.members == 6 and not stats.empty and stats.raced == []
+    assert stats.bytes == (tmp_path / "out.tgz").stat().st_size
+    dest = tmp_path / "dest"
+    written = safe_extract(tmp_path / "out.tgz", dest)
+    assert _tree(dest) == _tree(src)
+    assert written == 200_000 + len("#!/bin/sh\nexit 0\n")
+    assert os.access(dest / "verify.sh", os.X_OK)
+
+
+def test_an_empty_directory_is_an_empty_archive(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    stats = make_archive(tmp_path / "src", tmp_path / "out.tgz", level=1)
+    assert stats.empty and stats.members == 0
+    check_archive(tmp_path / "out.tgz")
+
+
+def test_the_gzip_level_is_the_one_given(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "text").write_bytes(b"".join(b"line %d of some text\n" % i for i in range(200_000)))
+    fast = make_archive(src, tmp_path / "l1.tgz", level=1).bytes
+    small = make_archive(src, tmp_path / "l9.tgz", level=9).bytes
+    assert small < fast
+    with pytest.raises(ValueError):
+        make_archive(src, tmp_path / "bad.tgz", level=10)
+
+
+def test_over_the_cap_raises_and_leaves_no_file(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "noise").write_bytes(os.urandom(300_000))
+    with pytest.raises(ArchiveOverCap) as caught:
+        make_archive(src, tmp_path / "out.tgz", level=1, cap_bytes=100_000)
+    assert caught.value.cap_bytes == 100_000 and caught.value.code == "archive_over_cap"
+    assert not (tmp_path / "out.tgz").exists()
+
+
+def test_a_file_rewritten_during_the_read_is_named_raced_and_the_archive_stays_whole(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    target = src / "busy.bin"
+    target.write_bytes(os.urandom(8 * 1024 * 1024))
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            target.write_bytes(bytes([n % 256]) * (1024 * 1024 * (1 + n % 8)))
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        raced = []
+        for _ in range(20):
+            stats = make_archive(src, tmp_path / "out.tgz", level=1)
+            check_archive(tmp_path / "out.tgz")  # well-formed whatever the file did
+            raced = stats.raced
+            if raced:
+                break
+    finally:
+        stop.set()
+        writer.join()
+    assert raced == ["busy.bin"]
+
+
+@pytest.mark.parametrize(
+    ("member", "reason"),
+    [
+        (_member("../x"), "'..'"),
+        (_member("a/../../x"), "'..'"),
+        (_member("/etc/passwd"), "absolute"),
+        (_member("dev", kind=tarfile.CHRTYPE), "device"),
+        (_member("fifo", kind=tarfile.FIFOTYPE), "device"),
+        (_member("up", kind=tarfile.SYMTYPE, link="../../etc"), "link out"),
+        (_member("abs", kind=tarfile.SYMTYPE, link="/etc/passwd"), "absolute"),
+        (_member("hard", kind=tarfile.LNKTYPE, link="../outside"), "link out"),
+    ],
+)
+def test_a_member_that_could_land_outside_is_refused_before_anything_is_written(
+    tmp_path: Path, member: tarfile.TarInfo, reason: str
+) -> None:
+    archive = _evil(tmp_path, _member("fine"), member)
+    with pytest.raises(ArchiveRefused, match=reason) as caught:
+        safe_extract(archive, tmp_path / "dest")
+    assert caught.value.member == member.name
+    assert not (tmp_path / "dest").exists()
+
+
+def test_not_gzip_truncated_or_over_the_cap_is_refused(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.tar"
+    with tarfile.open(plain, "w") as tar:
+        tar.addfile(_member("a"), io.BytesIO(b"x"))
+    with pytest.raises(ArchiveRefused, match="not a gzip"):
+        check_archive(plain)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "noise").write_bytes(os.urandom(100_000))
+    whole = tmp_path / "whole.tgz"
+    make_archive(src, whole, level=1)
+    cut = tmp_path / "cut.tgz"
+    cut.write_bytes(whole.read_bytes()[:50_000])
+    with pytest.raises(ArchiveRefused, match="readable"):
+        check_archive(cut)
+    with pytest.raises(ArchiveRefused, match="over the cap"):
+        check_archive(whole, cap_bytes=1000)
+    with pytest.raises(ArchiveRefused, match="no such"):
+        check_archive(tmp_path / "gone.tgz")
+    junk = tmp_path / "junk.tgz"
+    junk.write_bytes(gzip.compress(b"not a tar at all" * 100))
+    with pytest.raises(ArchiveRefused):
+        check_archive(junk)
