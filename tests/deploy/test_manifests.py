@@ -31,17 +31,18 @@ import click
 import kubernetes_validate
 import pytest
 import yaml
-from cloudcoil.models.keda.v1alpha1 import ScaledObject
+from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
 from cloudcoil.models.prometheus_operator.v1 import PodMonitor
 from pydantic import BaseModel
 
 from engine.config import EngineSettings
-from engine.sandbox.kubernetes.settings import KubernetesSandboxSettings
-from publisher.config import WireSettings
+from engine.sandbox.kubernetes.settings import KubernetesSandboxSettings, KubernetesSettings
+from publisher.config import NatsSettings, WireSettings
 from publisher.wire import WireNames
 from runner.cli.main import cli
 from runner.config import RunnerSettings
 from store.config import StoreSettings
+from store.settings import EXISTING_FILE
 
 Manifest = dict[str, Any]
 
@@ -62,6 +63,7 @@ K8S_OLDEST = "1.32.0"
 K8S_VERSIONS = (K8S_OLDEST, kubernetes_validate.utils.latest_version())
 CRD_MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): TriggerAuthentication,
     ("monitoring.coreos.com/v1", "PodMonitor"): PodMonitor,
 }
 SETTINGS_CLASSES = (
@@ -71,11 +73,13 @@ SETTINGS_CLASSES = (
     StoreSettings,
     KubernetesSandboxSettings,
 )
-# RUNFLEET_* names the manifests may set that no settings class declares yet: none (the
-# kubernetes driver's settings, SPEC §7.1, are KubernetesSandboxSettings since issue 13).
-PENDING_SETTINGS: frozenset[str] = frozenset()
 # Read from the environment directly (store/blob_url.py), not through a settings class.
 DIRECT_ENV_SETTINGS = frozenset({"RUNFLEET_S3_ENDPOINT", "RUNFLEET_S3_REGION"})
+# Settings that name a file a Secret provides (publisher/config.py NatsSettings, read by
+# publisher/connection.py): the settings refuse a path that is not a file, so offline the
+# checks give them a stand-in file (test_nats_credentials_and_tls_are_mounted_secret_keys
+# checks where they point).
+SECRET_FILE_SETTINGS = frozenset({"RUNFLEET_NATS_CREDS", "RUNFLEET_NATS_TLS_CA"})
 METRICS_PORT_NAME = "http-metrics"
 
 
@@ -162,14 +166,22 @@ def runner_env(manifests: list[Manifest]) -> dict[str, str]:
 
 
 @pytest.fixture
-def settings_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, str]], None]:
-    """Replace every RUNFLEET_* variable of this process by the given ones."""
+def settings_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Callable[[dict[str, str]], None]:
+    """Replace every RUNFLEET_* variable of this process by the given ones (a file a Secret
+    mounts in the pod is a stand-in file here)."""
 
     def apply(env: dict[str, str]) -> None:
         for key in list(os.environ):
             if key.startswith("RUNFLEET_"):
                 monkeypatch.delenv(key)
         for key, value in env.items():
+            if key in SECRET_FILE_SETTINGS:
+                stand_in = tmp_path / "secrets" / key
+                stand_in.parent.mkdir(exist_ok=True)
+                stand_in.write_text("stand-in for the mounted Secret key\n")
+                value = str(stand_in)
             monkeypatch.setenv(key, value)
 
     return apply
@@ -243,8 +255,11 @@ def test_kustomize_renders_the_base_and_each_overlay(
     rendered: dict[str, list[Manifest]], build: str
 ) -> None:
     kinds = sorted(m["kind"] for m in rendered[build])
+    # Production reads KEDA's NATS account from a Secret (a TriggerAuthentication).
+    extra = ["TriggerAuthentication"] if build == "production" else []
     assert kinds == sorted(
         [
+            *extra,
             "ConfigMap",
             "Deployment",
             "Job",
@@ -403,7 +418,9 @@ def test_runner_pod_is_non_root_with_read_only_root_fs(
     if workload == "Deployment":
         assert "emptyDir" in mounts[runner_env(manifests)["RUNFLEET_DATA"]]
         assert container["resources"]["requests"] and container["resources"]["limits"]
-        assert all(v["emptyDir"].get("sizeLimit") for v in volumes.values())
+        # Every writable volume is bounded (the others are read-only Secret mounts).
+        assert all(v["emptyDir"].get("sizeLimit") for v in volumes.values() if "emptyDir" in v)
+        assert all("secret" in v for v in volumes.values() if "emptyDir" not in v)
     assert container["resources"]["limits"]["memory"]
 
 
@@ -473,7 +490,11 @@ def test_keda_scaledobject_scales_on_the_runners_consumer_lag(
     names = WireNames(WireSettings().namespace)
     assert names == WireNames()
     assert (meta["stream"], meta["consumer"]) == (names.runs_stream, names.consumer)
-    assert meta["account"] == "$G"
+    if "authenticationRef" in trigger:  # the account is read from a Secret (production)
+        assert "account" not in meta
+        assert trigger_auth_parameters(manifests, trigger) == {"account"}
+    else:
+        assert meta["account"] == "$G"
     # One runner takes RUNFLEET_SLOTS deliveries at once: one runner per that much lag.
     assert int(meta["lagThreshold"]) == RunnerSettings().slots
     # The endpoint is NATS' monitoring port, in the namespace the runners connect to.
@@ -486,6 +507,97 @@ def test_keda_scaledobject_scales_on_the_runners_consumer_lag(
     # Never scaled to zero: the sweeper and the DLQ backstop run inside the runners.
     spec = scaled["spec"]
     assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+
+
+def trigger_auth_parameters(manifests: list[Manifest], trigger: dict[str, Any]) -> set[str]:
+    """The parameters a trigger's TriggerAuthentication supplies, each from a Secret by name."""
+    ref = trigger["authenticationRef"]
+    assert ref.get("kind", "TriggerAuthentication") == "TriggerAuthentication"
+    auth = one(manifests, "TriggerAuthentication", ref["name"])
+    assert auth["metadata"]["namespace"] == one(manifests, "ScaledObject")["metadata"]["namespace"]
+    assert set(auth["spec"]) == {"secretTargetRef"}, "values come from Secrets, never inline"
+    refs = auth["spec"]["secretTargetRef"]
+    assert all(set(r) == {"parameter", "name", "key"} for r in refs), refs
+    return {r["parameter"] for r in refs}
+
+
+def test_keda_reads_the_nats_account_from_a_secret_by_name(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """With NATS credentials (JWT accounts) the streams are not in `$G`: KEDA's scaler takes
+    `account` from a TriggerAuthentication (it accepts `account` and
+    `natsServerMonitoringEndpoint` there), which names a Secret and a key, never a value."""
+    manifests = rendered["production"]
+    (trigger,) = one(manifests, "ScaledObject")["spec"]["triggers"]
+    assert trigger_auth_parameters(manifests, trigger) == {"account"}
+    assert "account" not in trigger["metadata"]
+    assert not find(manifests, "Secret")
+    for build in ("base", "dev"):
+        assert not find(rendered[build], "TriggerAuthentication")
+
+
+@pytest.mark.parametrize("workload", ["Deployment", "Job"])
+def test_nats_credentials_and_tls_are_mounted_secret_keys(
+    rendered: dict[str, list[Manifest]],
+    workload: str,
+    settings_env: Callable[[dict[str, str]], None],
+) -> None:
+    """Production: RUNFLEET_NATS_CREDS and RUNFLEET_NATS_TLS_CA (the settings
+    publisher/connection.py turns into `user_credentials` and a TLS context) name keys of
+    Secrets mounted read-only, referenced by name, not optional, readable by the pod's user;
+    the same in the runners and the streams Job, which both connect."""
+    manifests = rendered["production"]
+    declared = {
+        f"RUNFLEET_{name.upper()}"
+        for name, field in NatsSettings.model_fields.items()
+        if field.json_schema_extra == EXISTING_FILE
+    }
+    assert declared == SECRET_FILE_SETTINGS
+    obj = one(manifests, workload)
+    spec = pod_spec(obj)
+    container = only_container(obj)
+    env = literal_env(container)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    for name in sorted(SECRET_FILE_SETTINGS):
+        path = Path(env[name])
+        mount = mounts[str(path.parent)]
+        assert mount["readOnly"] is True
+        secret = volumes[mount["name"]]["secret"]
+        assert secret["secretName"].startswith("runfleet-") and not secret.get("optional")
+        (item,) = [i for i in secret["items"] if i["path"] == path.name]
+        mode = item.get("mode", secret["defaultMode"])
+        user_reads = mode & 0o004 or (mode & 0o040 and spec["securityContext"].get("fsGroup"))
+        assert user_reads, f"{name}: mode {oct(mode)} is not readable by the pod's user"
+        assert name not in config_map_of(manifests, container)["data"]
+    runner = literal_env(only_container(runner_deployment(manifests)))
+    assert {k: env[k] for k in SECRET_FILE_SETTINGS} == {k: runner[k] for k in SECRET_FILE_SETTINGS}
+    settings_env(runner_env(manifests))
+    assert all(url.startswith("tls://") for url in NatsSettings().nats_servers())
+
+
+@pytest.mark.parametrize("build", ["base", "production"])
+def test_base_and_production_run_sandboxes_on_kubernetes_from_the_configmap(
+    rendered: dict[str, list[Manifest]],
+    build: str,
+    settings_env: Callable[[dict[str, str]], None],
+) -> None:
+    """SPEC §7.1, §12: the driver, its namespace (the Role's), its default image and every
+    setup budget are in the generated ConfigMap, and the driver's own settings accept them."""
+    manifests = rendered[build]
+    data = config_map_of(manifests, only_container(runner_deployment(manifests)))["data"]
+    assert data["RUNFLEET_SANDBOX"] == "kubernetes"
+    wanted = {
+        f"RUNFLEET_{name.upper()}"
+        for name in KubernetesSandboxSettings.model_fields
+        if name != "sandbox_pod_template"  # optional: a file an operator mounts
+    }
+    assert wanted <= set(data), f"missing from the ConfigMap: {sorted(wanted - set(data))}"
+    settings_env(data)
+    driver = KubernetesSettings.from_env(require_image=True)
+    assert driver.namespace == one(manifests, "Role")["metadata"]["namespace"]
+    assert driver.image == data["RUNFLEET_SANDBOX_IMAGE"]
+    assert min(driver.budgets.schedule_s, driver.budgets.ready_s, driver.budgets.seed_s) > 0
 
 
 def test_production_overlay_has_three_stream_replicas(
@@ -546,7 +658,7 @@ def test_manifests_set_only_known_settings_with_valid_values(
 ) -> None:
     env = runner_env(rendered[overlay])
     known = {f"RUNFLEET_{field.upper()}" for cls in SETTINGS_CLASSES for field in cls.model_fields}
-    known |= PENDING_SETTINGS | DIRECT_ENV_SETTINGS
+    known |= DIRECT_ENV_SETTINGS
     unknown = {k for k in env if k.startswith("RUNFLEET_")} - known
     assert not unknown, f"no settings class reads {sorted(unknown)} (a typo?)"
     settings_env(env)
