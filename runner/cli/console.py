@@ -1,0 +1,27 @@
+"""`runfleet console [--port P] [--host H]` (SPEC v2.2 §10, §10b, §10c): serve the HTTP API
+(and the console that shares its server) until interrupted."""
+
+from __future__ import annotations
+
+import click
+
+from runner.cli.runtime import command
+from runner.console import DEFAULT_HOST, DEFAULT_PORT, serve
+
+
+@click.command("console")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option(
+    "--host", default=DEFAULT_HOST, show_default=True, help="the interface to bind (0.0.0.0: all)"
+)
+@command
+async def console_cmd(port: int, host: str) -> None:
+    """Serve the HTTP API under /api/v1 (OpenAPI at /openapi.json). Tokens come from
+    RUNFLEET_API_TOKENS (a file: `TOKEN TENANT read|operate` a line) and
+    RUNFLEET_CONSOLE_TOKEN (one operate token for RUNFLEET_TENANT).
+
+    \b
+    Example:
+      RUNFLEET_CONSOLE_TOKEN=s3cret runfleet console --port 8470
+    """
+    await serve(host, port, started=lambda url: click.echo(f"runfleet API on {url}", err=True))

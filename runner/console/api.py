@@ -1,0 +1,331 @@
+"""The HTTP API's routes on runs (SPEC v2.2 §10c), each a thin call into `runner.operations`:
+launch, status, list, events (a page, the merged timeline, a following SSE stream), resume,
+cancel, rewind. The DLQ's routes are in `dlq_api.py`; `ROUTES` is both.
+
+A handler parses, calls one operation and shapes the answer; no rule of resume, cancel or
+rewind lives here (STYLE.md: the console never re-implements an operation). What is decided
+here is *who* may see a run: the operations look a full run id up in any tenant, so every route
+that names a run first reads it through `owned_run`, and another tenant's run is `run_not_found`
+— the same answer as a run that does not exist, so a token learns nothing of other tenants.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from aiohttp import web
+
+from engine.loader import load_workflow
+from engine.resume import ResumeRequest
+from runner import operations as ops
+from runner.console.dlq_api import DLQ_ROUTES
+from runner.console.models import (
+    MAX_SEQ,
+    EventOut,
+    EventPage,
+    LaunchRequest,
+    ResumeRequestBody,
+    RewindRequest,
+    RewindResponse,
+    RunOut,
+    RunPage,
+    Timeline,
+    TimelineItem,
+)
+from runner.console.routing import Call, Param, Reply, Route, invalid
+from runner.operations.retry_wait import waiting_retry
+from store import RunAlreadyExists, RunDocument, RunfleetError, RunNotFound, RunStatus
+from store.settings import DURATION_FORM
+from store.timeutil import parse_duration
+
+IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0c6d1e-4f0a-4c57-9a55-7c2f0e9d6a31")
+"""uuid5 namespace of run ids made from an `Idempotency-Key`."""
+IDEMPOTENCY_KEY_MAX = 200
+EVENTS_PAGE_MAX = 10_000
+
+
+def idempotent_run_id(tenant: str, key: str) -> str:
+    """The run id a launch with `key` creates: the same for every retry of it, so the store's
+    create-only insert is the durable key → run record, and a retry finds the first run
+    (`RunAlreadyExists`) instead of queueing a second. The tenant is part of the name: two
+    tenants using the same key get two runs."""
+    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}\n{key}"))
+
+
+async def owned_run(call: Call, given: str) -> RunDocument:
+    """The caller's run `given` names (its id or a unique prefix): another tenant's is not
+    found."""
+    doc = await ops.get_run(call.env, given)
+    if doc.tenant != call.principal.tenant:
+        raise RunNotFound(f"no run {given!r}")
+    return doc
+
+
+async def launch(call: Call) -> Reply:
+    body = call.parsed(LaunchRequest)
+    key = call.request.headers.get("Idempotency-Key")
+    loaded = load_workflow(body.workflow, body.filename)
+    if key is None:
+        return Reply(RunOut.of(await ops.launch(call.env, loaded, body.vars)), 201)
+    if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX:
+        raise invalid(f"Idempotency-Key: 1 to {IDEMPOTENCY_KEY_MAX} characters")
+    run_id = idempotent_run_id(call.principal.tenant, key)
+    try:
+        doc = await ops.launch(call.env, loaded, body.vars, run_id=run_id)
+    except RunAlreadyExists:
+        return Reply(RunOut.of(await owned_run(call, run_id)), 200)
+    return Reply(RunOut.of(doc), 201)
+
+
+async def status(call: Call) -> RunOut:
+    doc = await owned_run(call, call.path("run_id"))
+    return RunOut.of(doc, await waiting_retry(call.env, doc))
+
+
+async def list_runs(call: Call) -> RunPage:
+    statuses = call.query_all("status")
+    known = {s.value for s in RunStatus}
+    for given in statuses:
+        if given not in known:
+            raise invalid(f"status: {given[:40]!r} is not one of {', '.join(sorted(known))}")
+    since = call.query_str("since")
+    try:
+        within = parse_duration(since) if since is not None else None
+    except ValueError:
+        raise invalid(f"since: {since!r} is not accepted: expected {DURATION_FORM}") from None
+    page = await ops.list_runs(
+        call.env,
+        statuses=[RunStatus(s) for s in statuses],
+        failure_codes=call.query_all("code"),
+        created_within=within,
+        workflow=call.query_str("workflow"),
+        after=call.query_str("after"),
+        limit=call.query_int("limit", 50, 1, 10_000),
+        newest_first=True,
+    )
+    return RunPage(runs=[RunOut.of(r) for r in page.runs], next_after=page.next_after)
+
+
+async def events(call: Call) -> EventPage:
+    """One page of events by seq; shown in the order people read (`queued_before_claimed`)."""
+    doc = await owned_run(call, call.path("run_id"))
+    after = call.query_int("after", 0, 0, MAX_SEQ)
+    limit = call.query_int("limit", 1000, 1, EVENTS_PAGE_MAX)
+    batch = [e async for b in ops.event_batches(call.env, doc.run_id, after=after) for e in b]
+    kept = {e.seq for e in sorted(batch, key=lambda e: e.seq)[:limit]}
+    page = [EventOut.of(e) for e in batch if e.seq in kept]
+    return EventPage(events=page, next_after=max(kept) if len(batch) > limit else None)
+
+
+async def timeline(call: Call) -> Timeline:
+    doc = await owned_run(call, call.path("run_id"))
+    after = call.query_int("after", 0, 0, MAX_SEQ)
+    entries = [
+        TimelineItem.model_validate(entry.as_json())
+        async for batch in ops.timeline_batches(call.env, doc.run_id, after=after)
+        for entry in batch
+    ]
+    return Timeline(entries=entries)
+
+
+def _sse(data: str, event: str | None = None, event_id: int | None = None) -> bytes:
+    head = (f"id: {event_id}\n" if event_id is not None else "") + (
+        f"event: {event}\n" if event else ""
+    )
+    return f"{head}data: {data}\n\n".encode()
+
+
+async def stream(call: Call) -> web.StreamResponse:
+    """Server-sent events: each event as a `message` (its seq as the SSE id, so a reconnecting
+    client's `Last-Event-ID` resumes after it), then one `end` with the run as it stopped
+    moving (settled, or waiting for a person or an operator). A failure once the stream has
+    begun is an `error` event with the usual error body."""
+    doc = await owned_run(call, call.path("run_id"))
+    last_id = call.request.headers.get("Last-Event-ID")
+    after = call.query_int("after", 0, 0, MAX_SEQ)
+    if last_id is not None and last_id.isdigit() and int(last_id) <= MAX_SEQ:
+        after = max(after, int(last_id))
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(call.request)
+    try:
+        try:
+            async for batch in ops.event_batches(call.env, doc.run_id, after=after, follow=True):
+                for event in batch:
+                    await response.write(
+                        _sse(EventOut.of(event).model_dump_json(), None, event.seq)
+                    )
+            final = RunOut.of(await ops.get_run(call.env, doc.run_id))
+            await response.write(_sse(final.model_dump_json(), "end"))
+        except RunfleetError as exc:
+            await response.write(_sse(json.dumps({"error": exc.to_dict()}), "error"))
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client left: nothing to tell it
+    return response
+
+
+async def resume(call: Call) -> RunOut:
+    body = call.parsed(ResumeRequestBody)
+    doc = await owned_run(call, call.path("run_id"))
+    request = ResumeRequest(
+        answers=body.answers,
+        force=body.force,
+        accept_scratch_loss=body.accept_scratch_loss,
+        budget=body.budget.to_budget() if body.budget is not None else None,
+        new_source=load_workflow(body.workflow, "workflow.yaml") if body.workflow else None,
+    )
+    return RunOut.of(await ops.resume(call.env, doc.run_id, request))
+
+
+async def cancel(call: Call) -> RunOut:
+    doc = await owned_run(call, call.path("run_id"))
+    return RunOut.of(await ops.cancel(call.env, doc.run_id))
+
+
+async def rewind(call: Call) -> RewindResponse:
+    body = call.parsed(RewindRequest)
+    doc = await owned_run(call, call.path("run_id"))
+    source = load_workflow(body.workflow, "workflow.yaml") if body.workflow else None
+    result = await ops.rewind(call.env, doc.run_id, body.node, new_source=source)
+    return RewindResponse(run=RunOut.of(result.run), dropped_nodes=list(result.dropped))
+
+
+RUN = Param("run_id", "path", {"type": "string"}, "the run id or a unique prefix (6+)", True)
+AFTER_SEQ = Param(
+    "after", "query", {"type": "integer", "minimum": 0, "maximum": MAX_SEQ}, "events after seq"
+)
+RUN_ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST",
+        "/api/v1/runs",
+        "launch",
+        "Launch a run",
+        launch,
+        RunOut,
+        LaunchRequest,
+        (
+            Param(
+                "Idempotency-Key",
+                "header",
+                {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX},
+                "a retried launch with the same key returns the first run (200)",
+            ),
+        ),
+        writes=True,
+        status=201,
+        also=(200,),
+    ),
+    Route(
+        "GET",
+        "/api/v1/runs",
+        "list_runs",
+        "List runs, newest first",
+        list_runs,
+        RunPage,
+        params=(
+            Param(
+                "status",
+                "query",
+                {
+                    "type": "array",
+                    "items": {"type": "string", "enum": [s.value for s in RunStatus]},
+                },
+                "repeatable",
+            ),
+            Param(
+                "code",
+                "query",
+                {"type": "array", "items": {"type": "string"}},
+                "failure code, repeatable",
+            ),
+            Param("since", "query", {"type": "string"}, f"created within: {DURATION_FORM}"),
+            Param("workflow", "query", {"type": "string"}, "the workflow's name"),
+            Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 10_000}),
+            Param("after", "query", {"type": "string"}, "next_after of the page before"),
+        ),
+    ),
+    Route(
+        "GET",
+        "/api/v1/runs/{run_id}",
+        "get_run",
+        "Show a run",
+        status,
+        RunOut,
+        params=(RUN,),
+        also=(404,),
+    ),
+    Route(
+        "GET",
+        "/api/v1/runs/{run_id}/events",
+        "events",
+        "A page of a run's events",
+        events,
+        EventPage,
+        params=(
+            RUN,
+            AFTER_SEQ,
+            Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": EVENTS_PAGE_MAX}),
+        ),
+        also=(404,),
+    ),
+    Route(
+        "GET",
+        "/api/v1/runs/{run_id}/events/stream",
+        "follow_events",
+        "Follow a run's events (server-sent events)",
+        stream,
+        None,
+        params=(RUN, AFTER_SEQ, Param("Last-Event-ID", "header", {"type": "string"})),
+        also=(404,),
+    ),
+    Route(
+        "GET",
+        "/api/v1/runs/{run_id}/timeline",
+        "timeline",
+        "A run's events merged with its delivery log",
+        timeline,
+        Timeline,
+        params=(RUN, AFTER_SEQ),
+        also=(404,),
+    ),
+    Route(
+        "POST",
+        "/api/v1/runs/{run_id}/resume",
+        "resume",
+        "Resume a run",
+        resume,
+        RunOut,
+        ResumeRequestBody,
+        (RUN,),
+        writes=True,
+        also=(404, 409, 422),
+    ),
+    Route(
+        "POST",
+        "/api/v1/runs/{run_id}/cancel",
+        "cancel",
+        "Cancel a run",
+        cancel,
+        RunOut,
+        params=(RUN,),
+        writes=True,
+        also=(404, 409),
+    ),
+    Route(
+        "POST",
+        "/api/v1/runs/{run_id}/rewind",
+        "rewind",
+        "Rewind a run",
+        rewind,
+        RewindResponse,
+        RewindRequest,
+        (RUN,),
+        writes=True,
+        also=(404, 409),
+    ),
+)
+
+ROUTES: tuple[Route, ...] = RUN_ROUTES + DLQ_ROUTES

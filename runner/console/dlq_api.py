@@ -1,0 +1,176 @@
+"""The HTTP API's routes on dead-letter records (SPEC §3, §4 Replay, v2.2 §10c): list, show,
+replay, purge, each through `runner.operations.dlq`.
+
+A record belongs to the tenant of the run it carries; a record no run can be found for (a body
+that never named one, a run collected since) belongs to the fleet's own tenant
+(`RUNFLEET_TENANT`), whose operator drains what nobody else can claim. Another tenant's record
+is `record_not_found`, as a record that does not exist is.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import timedelta
+
+from publisher.dlq import DlqRecord
+from publisher.errors import RecordNotFound
+from runner import operations as ops
+from runner.console.models import (
+    MAX_SEQ,
+    DlqDetail,
+    DlqList,
+    DlqRecordOut,
+    DlqSelection,
+    ErrorDetail,
+    PurgeResponse,
+    ReplayOutcomeOut,
+    ReplayResponse,
+    RunOut,
+)
+from runner.console.routing import Call, Param, Route, invalid, parse_int
+from store import RunfleetError, RunNotFound
+from store.settings import DURATION_FORM
+from store.timeutil import parse_duration
+
+
+async def owner_of(call: Call, record: DlqRecord) -> str:
+    if record.run_id:
+        try:
+            return (await call.env.store.get_run(record.run_id)).tenant
+        except RunNotFound:
+            pass
+    return call.fleet_tenant
+
+
+async def _mine(call: Call, records: list[DlqRecord]) -> list[DlqRecord]:
+    return [r for r in records if await owner_of(call, r) == call.principal.tenant]
+
+
+def _older_than(raw: str | None) -> timedelta | None:
+    try:
+        return parse_duration(raw) if raw is not None else None
+    except ValueError:
+        raise invalid(f"older_than: {raw!r} is not accepted: expected {DURATION_FORM}") from None
+
+
+async def _selected(call: Call, selection: DlqSelection, *, purge: bool) -> list[int]:
+    """The ids a replay or purge acts on: each named id must be the caller's (else
+    `record_not_found`, and nothing is done), or with `all` the caller's records that match."""
+    if (selection.ids is None) == (not selection.all):
+        raise invalid("give either ids or all: true", "name the records, or ask for all")
+    if not purge and selection.older_than is not None:
+        raise invalid("older_than narrows a purge, not a replay")
+    records = await ops.select_records(
+        call.env,
+        selection.ids,
+        reason=selection.reason,
+        older_than=_older_than(selection.older_than),
+    )
+    mine = await _mine(call, records)
+    if selection.ids is not None and len(mine) != len(records):
+        theirs = sorted({r.id for r in records} - {r.id for r in mine})
+        raise RecordNotFound(f"no DLQ record {theirs[0]}")
+    return [r.id for r in mine]
+
+
+async def list_records(call: Call) -> DlqList:
+    records = await ops.list_records(
+        call.env,
+        reason=call.query_str("reason"),
+        older_than=_older_than(call.query_str("older_than")),
+    )
+    return DlqList(records=[DlqRecordOut.of(r) for r in await _mine(call, records)])
+
+
+async def show_record(call: Call) -> DlqDetail:
+    record_id = parse_int(call.path("record_id"), "record_id", 1, MAX_SEQ)
+    detail = await ops.show_record(call.env, record_id)
+    if await owner_of(call, detail.record) != call.principal.tenant:
+        raise RecordNotFound(f"no DLQ record {record_id}")
+    run = (
+        detail.run
+        if detail.run is not None and detail.run.tenant == call.principal.tenant
+        else None
+    )
+    return DlqDetail(
+        record=DlqRecordOut.of(detail.record),
+        body_b64=base64.b64encode(detail.body).decode(),
+        message=detail.message.model_dump(mode="json") if detail.message is not None else None,
+        undecodable=detail.undecodable,
+        run=RunOut.of(run) if run is not None else None,
+    )
+
+
+def _error(exc: RunfleetError | None) -> ErrorDetail | None:
+    return None if exc is None else ErrorDetail.model_validate(exc.to_dict())
+
+
+async def replay(call: Call) -> ReplayResponse:
+    ids = await _selected(call, call.parsed(DlqSelection), purge=False)
+    report = await ops.replay_records(call.env, ids)
+    return ReplayResponse(
+        outcomes=[
+            ReplayOutcomeOut(
+                id=o.record_id,
+                run=RunOut.of(o.run) if o.run is not None else None,
+                error=_error(o.error),
+            )
+            for o in report.outcomes
+        ],
+        not_attempted=list(report.not_attempted),
+        stopped_by=_error(report.stopped_by),
+    )
+
+
+async def purge(call: Call) -> PurgeResponse:
+    ids = await _selected(call, call.parsed(DlqSelection), purge=True)
+    return PurgeResponse(purged=await ops.purge_records(call.env, ids))
+
+
+RECORD = Param("record_id", "path", {"type": "integer", "minimum": 1, "maximum": MAX_SEQ}, "", True)
+DLQ_ROUTES: tuple[Route, ...] = (
+    Route(
+        "GET",
+        "/api/v1/dlq",
+        "dlq_list",
+        "List dead-letter records",
+        list_records,
+        DlqList,
+        params=(
+            Param("reason", "query", {"type": "string"}),
+            Param("older_than", "query", {"type": "string"}, f"a duration: {DURATION_FORM}"),
+        ),
+    ),
+    Route(
+        "GET",
+        "/api/v1/dlq/{record_id}",
+        "dlq_show",
+        "Show a dead-letter record",
+        show_record,
+        DlqDetail,
+        params=(RECORD,),
+        also=(404,),
+    ),
+    Route(
+        "POST",
+        "/api/v1/dlq/replay",
+        "dlq_replay",
+        "Replay dead-letter records",
+        replay,
+        ReplayResponse,
+        DlqSelection,
+        writes=True,
+        also=(404,),
+    ),
+    Route(
+        "POST",
+        "/api/v1/dlq/purge",
+        "dlq_purge",
+        "Purge dead-letter records",
+        purge,
+        PurgeResponse,
+        DlqSelection,
+        writes=True,
+        also=(404,),
+    ),
+)

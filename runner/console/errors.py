@@ -1,0 +1,96 @@
+"""How a failure reads over HTTP (SPEC v2.2 §10c): one table from the operations' typed errors
+to a status, so every route answers alike.
+
+The classification is the operations' own (`runner.operations.errors`, the one the CLI's exit
+codes come from): a typed refusal is a 4xx whose body is the CLI's `--json` error
+(`{"error": {"code", "message", "remedy"}}`, the same codes as exit 3); infrastructure that is
+not there is 503 with `Retry-After`, because the caller's request was fine and will work once
+NATS or the store is back; anything else is a 500 that names no internals.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from runner.operations.errors import is_refusal, is_unreachable, is_usage
+from store import RunfleetError
+
+RETRY_AFTER_S = 5
+"""What `Retry-After` tells a caller when NATS or the store does not answer: about the time a
+JetStream leader election or a store restart takes."""
+
+REFUSAL_STATUS: dict[str, int] = {
+    # the thing named does not exist (for this tenant)
+    "run_not_found": 404,
+    "record_not_found": 404,
+    "upload_not_found": 404,
+    # the run or record is not in a state that allows it
+    "run_not_resumable": 409,
+    "run_not_cancellable": 409,
+    "run_busy": 409,
+    "rewind_refused": 409,
+    "stale_record": 409,
+    "record_not_replayable": 409,
+    "workflow_source_changed": 409,
+    "scratch_not_portable": 409,
+    "budget_below_consumed": 409,
+    # the answers do not answer the questions
+    "answers_required": 422,
+    "answers_invalid": 422,
+}
+"""A refusal's status by code; a refusal not listed (a workflow that does not load, a var the
+workflow does not declare, an ambiguous run id prefix) is 400."""
+
+
+class ApiError(Exception):
+    """A request the API refuses before any operation runs: no or unknown token (401), a role
+    that may not write (403), a body or parameter that does not parse (400), a route that does
+    not exist (404, 405). Same body shape as a refusal."""
+
+    def __init__(self, status: int, code: str, message: str, remedy: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.remedy = remedy
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.remedy:
+            out["remedy"] = self.remedy
+        return out
+
+
+def status_for(exc: RunfleetError) -> int:
+    if is_unreachable(exc):
+        return 503
+    if is_refusal(exc):
+        return REFUSAL_STATUS.get(exc.code, 400)
+    if is_usage(exc):
+        return 400  # runner.operations.errors: a usage error is the API's 400
+    return 500
+
+
+def error_json(
+    status: int, body: dict[str, object], headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response({"error": body}, status=status, headers=headers, dumps=_dumps)
+
+
+def response_for(exc: RunfleetError | ApiError) -> web.Response:
+    if isinstance(exc, ApiError):
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return error_json(exc.status, exc.to_dict(), headers)
+    status = status_for(exc)
+    if status == 503:
+        return error_json(status, exc.to_dict(), {"Retry-After": str(RETRY_AFTER_S)})
+    if status == 500:
+        return error_json(status, {"code": exc.code, "message": exc.message})
+    return error_json(status, exc.to_dict())
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=str)

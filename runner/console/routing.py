@@ -1,0 +1,160 @@
+"""The route table's parts (SPEC v2.2 §10c): what a route is, what a handler is given, and the
+one wrapper that checks the role, parses the body and scopes the operations to the caller's
+tenant before any handler runs.
+
+Routes are data (`Route`) so that `openapi.py` documents exactly the routes `server.py` serves:
+a route added here is in the document, with its body and response models, or it is not served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from runner.console.auth import Principal
+from runner.console.errors import ApiError
+from runner.operations import Env
+
+M = TypeVar("M", bound=BaseModel)
+
+ENV = web.AppKey("runfleet.env", Env)
+PRINCIPAL = web.RequestKey("runfleet.principal", Principal)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: Literal["query", "path", "header"]
+    schema: dict[str, Any]
+    description: str = ""
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Reply:
+    model: BaseModel
+    status: int = 200
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request, as a handler sees it: `env` acts for the caller's tenant only."""
+
+    request: web.Request
+    env: Env
+    principal: Principal
+    fleet_tenant: str
+    """`RUNFLEET_TENANT` of the server: the owner of DLQ records no run can be found for."""
+    body: BaseModel | None
+
+    def parsed(self, model: type[M]) -> M:
+        assert isinstance(self.body, model)
+        return self.body
+
+    def path(self, name: str) -> str:
+        return self.request.match_info[name]
+
+    def query_str(self, name: str) -> str | None:
+        return self.request.query.get(name)
+
+    def query_all(self, name: str) -> list[str]:
+        return self.request.query.getall(name, [])
+
+    def query_int(self, name: str, default: int, lo: int, hi: int) -> int:
+        raw = self.request.query.get(name)
+        return default if raw is None else parse_int(raw, name, lo, hi)
+
+
+Handler = Callable[[Call], Awaitable[BaseModel | Reply | web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    operation_id: str
+    summary: str
+    handler: Handler
+    response: type[BaseModel] | None
+    """The 2xx body's model; None for a `text/event-stream` route."""
+    body: type[BaseModel] | None = None
+    params: tuple[Param, ...] = ()
+    writes: bool = False
+    status: int = 200
+    also: tuple[int, ...] = ()
+    """Statuses this route can answer besides 200/`status`, 400, 401, 403, 500 and 503."""
+
+
+def invalid(message: str, remedy: str | None = None) -> ApiError:
+    return ApiError(400, "invalid_request", message, remedy)
+
+
+def parse_int(raw: str, name: str, lo: int, hi: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid(f"{name}: {raw[:40]!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise invalid(f"{name}: {value} is outside {lo}..{hi}")
+    return value
+
+
+def scoped(env: Env, tenant: str) -> Env:
+    """`env` acting for `tenant`: every operation's default tenant (run id prefixes, listings,
+    launch, resume, cancel, replay) becomes the caller's."""
+    return dataclasses.replace(env, settings=env.settings.model_copy(update={"tenant": tenant}))
+
+
+def _problems(exc: ValidationError) -> str:
+    shown = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        shown.append(f"{where}: {err['msg']}")
+    more = len(exc.errors()) - len(shown)
+    return "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+async def parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
+    raw = await request.read()
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("the body is not JSON", "send a JSON object") from None
+    if not isinstance(data, dict):
+        raise invalid("the body is not a JSON object", "send a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid(_problems(exc)) from None
+
+
+def endpoint(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The aiohttp handler for `route`: role check, body, tenant scope, then the handler."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        principal = request[PRINCIPAL]
+        if route.writes and not principal.may_write:
+            raise ApiError(
+                403,
+                "forbidden",
+                f"a {principal.role} token may not {route.summary.lower()}",
+                "use a token with the operate role",
+            )
+        body = await parse_body(request, route.body) if route.body is not None else None
+        env = request.app[ENV]
+        call = Call(request, scoped(env, principal.tenant), principal, env.tenant, body)
+        out = await route.handler(call)
+        if isinstance(out, web.StreamResponse):
+            return out
+        reply = out if isinstance(out, Reply) else Reply(out, route.status)
+        return web.Response(
+            text=reply.model.model_dump_json(), status=reply.status, content_type="application/json"
+        )
+
+    return handle

@@ -1,0 +1,128 @@
+"""The server the HTTP API (SPEC v2.2 §10c) and the operator console (§10b) share: one aiohttp
+application over one `Env` for the process's life, behind two middlewares — errors outermost
+(every failure leaves as the one JSON error shape), then auth (no token, no access except
+`/healthz`).
+
+It binds 127.0.0.1 unless told otherwise: the API acts on the fleet, and a token file is not a
+reason to listen on every interface by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from publisher.nats_errors import NATS_ERRORS, translate_nats_error
+from runner.console.api import ROUTES
+from runner.console.auth import TokenBook, bearer, load_tokens
+from runner.console.errors import ApiError, error_json, response_for
+from runner.console.models import Health
+from runner.console.openapi import document
+from runner.console.routing import ENV, PRINCIPAL, endpoint
+from runner.operations import Env, open_env
+from store import RunfleetError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8470
+OPEN_PATHS = frozenset({"/healthz"})
+BODY_MAX = 4 * 1024 * 1024
+"""A workflow source and its vars, or a resume's answers: never near this."""
+
+Next = Callable[[web.Request], Awaitable[web.StreamResponse]]
+TOKENS = web.AppKey("runfleet.tokens", TokenBook)
+OPENAPI = web.AppKey("runfleet.openapi", dict[str, Any])
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Next) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except (RunfleetError, ApiError) as exc:
+        return response_for(exc)
+    except NATS_ERRORS as exc:  # one that slipped past an operation's boundary: still typed
+        return response_for(translate_nats_error(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+        return error_json(
+            exc.status, {"code": code.get(exc.status, "http_error"), "message": exc.reason}
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # the last line: logged here, answered without internals
+        log.exception("%s %s failed", request.method, request.path)
+        return error_json(500, {"code": "internal", "message": "internal error (logged)"})
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Next) -> web.StreamResponse:
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    token = bearer(request.headers.get("Authorization"))
+    principal = request.app[TOKENS].lookup(token) if token is not None else None
+    if principal is None:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "a bearer token is required" if token is None else "unknown token",
+            "send `Authorization: Bearer <token>` with a token of RUNFLEET_API_TOKENS",
+        )
+    request[PRINCIPAL] = principal
+    return await handler(request)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text=Health().model_dump_json(), content_type="application/json")
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI])
+
+
+def create_app(env: Env, tokens: TokenBook) -> web.Application:
+    """The API over an open `env`; the caller owns `env` (opens and closes it)."""
+    app = web.Application(
+        middlewares=[errors_middleware, auth_middleware], client_max_size=BODY_MAX
+    )
+    app[ENV] = env
+    app[TOKENS] = tokens
+    app[OPENAPI] = document(ROUTES)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/openapi.json", openapi_json)
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, endpoint(route), name=route.operation_id)
+    return app
+
+
+async def serve(
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    started: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until cancelled: open the environment from `RUNFLEET_*`, read the tokens, listen.
+    `started` is told the URL once the socket listens."""
+    async with open_env(client="runfleet-console") as env:
+        tokens = load_tokens(env.tenant)
+        if not len(tokens):
+            log.warning(
+                "no RUNFLEET_API_TOKENS or RUNFLEET_CONSOLE_TOKEN: every request is refused"
+            )
+        runner = web.AppRunner(create_app(env, tokens), access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            if started is not None:
+                bound = runner.addresses[0] if runner.addresses else (host, port)
+                started(f"http://{bound[0]}:{bound[1]}")
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
