@@ -87,6 +87,18 @@ def pod_env(data: dict[str, str], overrides: dict[str, str]) -> dict[str, str]:
     return {**base, **data, **overrides, "PYTHONUNBUFFERED": "1"}
 
 
+def spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """`runfleet ARGS`, its stdout and stderr to `log_path`, not waited for."""
+    with log_path.open("wb") as log_file:
+        return subprocess.Popen(
+            [str(RUNFLEET), *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+
 def get(port: int, path: str) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
@@ -129,14 +141,7 @@ async def test_runner_becomes_ready_with_exactly_the_configmaps_environment(
     assert ensure.returncode == 0, ensure.stdout + ensure.stderr
 
     log_path = tmp_path / "runner.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [str(RUNFLEET), "runner"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
+    proc = spawn(["runner"], env, log_path)
     try:
 
         async def started() -> int | None:
