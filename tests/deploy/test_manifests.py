@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from engine.config import EngineSettings
 from engine.sandbox.kubernetes.settings import KubernetesSandboxSettings, KubernetesSettings
-from publisher.config import NatsSettings, WireSettings
+from publisher.config import NatsSettings, WireSettings, split_servers
 from publisher.wire import WireNames
 from runner.cli.main import cli
 from runner.config import RunnerSettings
@@ -574,6 +574,13 @@ def test_nats_credentials_and_tls_are_mounted_secret_keys(
     assert {k: env[k] for k in SECRET_FILE_SETTINGS} == {k: runner[k] for k in SECRET_FILE_SETTINGS}
     settings_env(runner_env(manifests))
     assert all(url.startswith("tls://") for url in NatsSettings().nats_servers())
+    # ... and the NATS each overlay runs on speaks TLS exactly when its runners expect it.
+    assert nats_values("production")["config"]["nats"]["tls"]["enabled"] is True
+    assert nats_values("dev")["config"]["nats"]["tls"]["enabled"] is False
+    assert all(
+        u.startswith("nats://")
+        for u in split_servers(runner_env(rendered["dev"])["RUNFLEET_NATS_URL"])
+    )
 
 
 @pytest.mark.parametrize("build", ["base", "production"])
