@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from engine import attachments
 from engine.budget import exceeded
 from engine.cancel import CancelSignal
 from engine.config import EngineSettings
@@ -105,6 +106,9 @@ class Execution(RunStops):
         )
         self.workspace = data_dir / "work" / run.run_id / token
         self.scratch = data_dir / "scratch" / run.run_id
+        self.attached = attachments.RunAttachments(
+            run, driver, blobs, data_dir / "attachments" / run.run_id / token
+        )
         self._sandbox: Sandbox | None = None
         self._workflow: Workflow | None = None
 
@@ -166,11 +170,13 @@ class Execution(RunStops):
             self._sandbox = None
         if self.workspace.exists():  # a compute-only run never made one: no thread hop
             await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+        await self.attached.remove()
 
     # -- the walk ------------------------------------------------------------------------------
 
     async def _run(self) -> Outcome:
         workflow = self.workflow
+        await self.attached.sign()
         cp = self.checkpoint
         if self.run_doc.checkpoint is not None and cp.restart_node is None and cp.progress > 0:
             # The last boundary was written and nothing is left to run: an adoption after the
@@ -272,7 +278,7 @@ class Execution(RunStops):
             FailureCode.NO_OUTGOING_EDGE, f"{node_id}: no outgoing edge matched", node=node_id
         )
 
-    def scope(self) -> dict[str, Any]:
+    def scope(self, *, in_sandbox: bool = False) -> dict[str, Any]:
         """What expressions and templates see (SPEC §6.1), plus the caps and the accounting
         so a guard can compare progress with a budget a resume may raise."""
         cp = self.checkpoint
@@ -287,7 +293,7 @@ class Execution(RunStops):
             "loop": cp.loop_counters,
             "budget": self.run_doc.budget.model_dump(),
             "usage": cp.usage.model_dump(),
-            "attachments": {},
+            "attachments": self.attached.scope(self.workflow.sandbox.driver, in_sandbox=in_sandbox),
         }
 
     # -- nodes ---------------------------------------------------------------------------------
@@ -322,11 +328,13 @@ class Execution(RunStops):
 
     async def _execute(self, node_id: str) -> NodeResult:
         node = self.workflow.nodes[node_id]
-        scope = self.scope()
+        scope = self.scope(in_sandbox=isinstance(node, ToolNode))
         if isinstance(node, ComputeNode):
             return await run_compute(node, scope)
         if isinstance(node, ToolNode):
             try:
+                if self.run_doc.attachments:  # delivered, or refused, before the node renders
+                    await self._ensure_sandbox()
                 return await run_tool(
                     node_id,
                     node,
@@ -375,6 +383,7 @@ class Execution(RunStops):
         if self._sandbox is None:
             self.workspace.mkdir(parents=True, exist_ok=True)
             self.scratch.mkdir(parents=True, exist_ok=True)
+            seeded = await self.attached.prepare(self.workflow.sandbox.driver, self.events)
             self._sandbox = await self.driver.start(
                 SandboxSpec(
                     run_id=self.run_id,
@@ -384,9 +393,13 @@ class Execution(RunStops):
                     driver=self.workflow.sandbox.driver,  # the file wins (SPEC §6.1)
                     image=self.workflow.sandbox.options.get("image"),
                     resources=self.workflow.sandbox.options.get("resources") or {},
+                    attachments_dir=seeded.host_dir,
+                    seed_dirs=seeded.seed_dirs,
                 )
             )
             await self.events.emit("sandbox_started", name=self._sandbox.name)
+            if seeded.names:
+                await self.events.emit("attachments_seeded", names=seeded.names, bytes=seeded.bytes)
         return self._sandbox
 
     async def _store_output(self, node_id: str, output: Any) -> Any:

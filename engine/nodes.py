@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.attachments import AttachmentPathUnavailable
 from engine.call_errors import AmbiguousEffect, Permanent, Transient
 from engine.errors import ExpressionError, TemplateError
 from engine.events import EventLog
@@ -21,6 +22,16 @@ from engine.failures import FailureCode
 from engine.sandbox.protocols import Sandbox
 from engine.templates import render
 from engine.workflow import CallNode, ComputeNode, ToolNode
+
+
+def template_failed(node_id: str, exc: TemplateError) -> NodeFailed:
+    """A template that named an attachment the node cannot open fails with that code and the
+    attachment named (SPEC §8), before the node runs; any other is `EXPRESSION_FAILED`."""
+    cause = exc.__cause__
+    if isinstance(cause, AttachmentPathUnavailable):
+        return NodeFailed(FailureCode.ATTACHMENT_PATH_UNAVAILABLE, f"{node_id}: {cause}")
+    return NodeFailed(FailureCode.EXPRESSION_FAILED, str(exc))
+
 
 EXIT_TEMPFAIL = 75
 """EX_TEMPFAIL: a tool says "try me again" (TOOL_FAILED_TRANSIENT)."""
@@ -82,7 +93,7 @@ async def run_tool(
     try:
         command = render(node.run, scope, shell=True)
     except TemplateError as exc:
-        return NodeFailed(FailureCode.EXPRESSION_FAILED, str(exc))
+        return template_failed(node_id, exc)
     box = await sandbox()
     captured = bytearray()
     overflow = False
@@ -144,7 +155,7 @@ async def run_call(
         module_name, _, func_name = node.function.partition(":")
         fn = getattr(importlib.import_module(module_name), func_name)
     except TemplateError as exc:
-        return NodeFailed(FailureCode.EXPRESSION_FAILED, str(exc))
+        return template_failed(node_id, exc)
     except (ImportError, AttributeError) as exc:
         return NodeFailed(FailureCode.WORKFLOW_INVALID, f"{node_id}: {node.function}: {exc}")
     try:

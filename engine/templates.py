@@ -24,6 +24,7 @@ from typing import Any
 from jinja2 import StrictUndefined, Template, TemplateSyntaxError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.attachments import Unavailable
 from engine.errors import TemplateError
 from engine.expressions import CONTEXT_ROOTS
 
@@ -48,16 +49,19 @@ class _Attachment:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return self._fields.get(name, "")
+        return self[name]
 
     def __getitem__(self, name: str) -> Any:
-        return self._fields.get(name, "")
+        value = self._fields.get(name, "")
+        if isinstance(value, Unavailable):  # held, but no path this node can open (SPEC §8)
+            raise value.error()
+        return value
 
     def __bool__(self) -> bool:
         return bool(self._fields)
 
     def __str__(self) -> str:
-        return str(self._fields.get("path", ""))
+        return str(self["path"])
 
 
 class _Attachments:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -50,6 +51,7 @@ from store import (
     RunNotFound,
     RunStatus,
     RunStore,
+    StagedFile,
     Update,
     WorkflowRef,
     lease_is_free,
@@ -189,7 +191,10 @@ class Publisher:
         *,
         tenant: str,
         run_id: str | None = None,
+        attachments: Sequence[StagedFile] = (),
     ) -> RunDocument:
+        """`attachments` were promoted to `run_id` before this call (SPEC §4, §8): the run
+        document lists them from its creation."""
         from engine.local import new_run_id
 
         resolve_vars(loaded.workflow, inputs)
@@ -204,6 +209,7 @@ class Publisher:
             inputs=inputs,
             budget=loaded.workflow.budget.to_store(),
             status=RunStatus.QUEUED,
+            attachments=list(attachments),
             attempt=1,
             attempt_at=now,
             created_at=now,

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic import Field
 
 from store.settings import DataDir, RunfleetSettings
+from store.sizes import Size
+from store.timeutil import Duration
 
 
 class StoreSettings(RunfleetSettings):
@@ -25,6 +28,13 @@ class StoreSettings(RunfleetSettings):
         json_schema_extra={"accepted": "file:///path or s3://bucket/prefix"},
     )
     tenant: str = Field(default="default", min_length=1)
+    attachment_max_bytes: Size = Field(
+        default=50 * 1024 * 1024, ge=0, description="one attachment file's bytes (SPEC §8)"
+    )
+    attachments_max_count: int = Field(default=32, ge=0, description="attachments per run (§8)")
+    upload_ttl: Duration = Field(
+        default=timedelta(hours=24), description="a staged upload not promoted is reaped after"
+    )
 
     @property
     def effective_store_url(self) -> str:

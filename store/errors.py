@@ -36,8 +36,12 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     │   ├── SandboxLost                         sandbox_lost
     │   ├── SandboxRecordCorrupt                sandbox_record_corrupt
     │   ├── SandboxExecFailed                   sandbox_exec_failed
-    │   └── SandboxCopyFailed                   sandbox_copy_failed
-    │       └── SandboxArchiveInvalid           sandbox_archive_invalid
+    │   ├── SandboxCopyFailed                   sandbox_copy_failed
+    │   │   └── SandboxArchiveInvalid           sandbox_archive_invalid
+    │   ├── AttachmentsUnfetchable              attachments_unfetchable
+    │   ├── AttachmentsUndeliverable            attachments_undeliverable
+    │   └── AttachmentPathUnavailable           attachment_path_unavailable
+    ├── LaunchFailed                            launch_failed
     ├── ArchiveError                            archive_error
     │   ├── ArchiveOverCap                      archive_over_cap
     │   └── ArchiveRefused                      archive_refused
@@ -68,6 +72,9 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── StaleRecord                         stale_record
         ├── RecordNotReplayable                 record_not_replayable
         ├── RunIdAmbiguous                      run_id_ambiguous
+        ├── AttachmentNameInvalid               attachment_name_invalid
+        ├── AttachmentTooLarge                  attachment_too_large
+        ├── TooManyAttachments                  too_many_attachments
         └── RecordNotFound                      record_not_found
 
 `store` is drawn first, then `engine` (`errors`, `fencing`, `sandbox.errors`, `archive`, `vars`,

@@ -135,6 +135,16 @@ class ScratchRecord(_Stored):
     at: UtcDatetime | None = None
 
 
+class StagedFile(_Stored):
+    """One file of a staged upload, or one attachment a run holds (`key` says which)."""
+
+    name: NonEmptyStr
+    filename: NonEmptyStr
+    bytes: int = Field(ge=0)
+    sha256: str
+    key: NonEmptyStr
+
+
 class RunDocument(_Stored):
     """The run: the authority for everything a claim decides (SPEC §2)."""
 
@@ -156,6 +166,9 @@ class RunDocument(_Stored):
     checkpoint: Checkpoint | None = None
     cancel_requested: bool = False
     scratch: ScratchRecord | None = None
+    attachments: list[StagedFile] = Field(default_factory=list)
+    """The files the run holds (SPEC §8): promoted before the document was created, or by the
+    claim that recorded a `file` answer (§6.4); each `key` is under `runs/<id>/attachments/`."""
     metrics: dict[str, Any] = Field(default_factory=dict)
     sweep_republishes: int = 0
     created_at: UtcDatetime
@@ -194,14 +207,6 @@ class Interaction(_Stored):
     answers: dict[str, Any] | None = None
     created_at: UtcDatetime
     answered_at: UtcDatetime | None = None
-
-
-class StagedFile(_Stored):
-    name: NonEmptyStr
-    filename: NonEmptyStr
-    bytes: int = Field(ge=0)
-    sha256: str
-    key: NonEmptyStr
 
 
 class StagedUpload(_Stored):

@@ -126,15 +126,29 @@ class StagingStore:
             if not fresh or len(batch) < _REAP_BATCH:
                 return reaped
 
-    async def promote(self, upload_id: str, tenant: str, run_id: str) -> list[StagedFile]:
+    async def promote(
+        self, upload_id: str, tenant: str, run_id: str, *, rename: str | None = None
+    ) -> list[StagedFile]:
         """Copy the upload's bytes to `runs/<run_id>/attachments/<name>` and discard the upload.
         Returns the files with their new keys. On failure the copies are removed and the upload
-        is left as it was."""
+        is left as it was. `rename` gives a one-file upload the attachment name the launch
+        chose (`--attach name=upload:ID`)."""
         try:
             validate_segment(run_id, what="run id")
+            if rename is not None:
+                validate_segment(rename, what="attachment name")
         except BlobKeyInvalid as exc:
             raise StagedUploadInvalid(exc.message) from exc
         record = await self._record(upload_id, tenant)
+        if rename is not None:
+            if len(record.files) != 1:
+                raise StagedUploadInvalid(
+                    f"upload {upload_id!r} holds {len(record.files)} files; only a one-file "
+                    "upload can be attached under a new name"
+                )
+            record = record.model_copy(
+                update={"files": [record.files[0].model_copy(update={"name": rename})]}
+            )
         promoted: list[StagedFile] = []
         workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="runfleet-promote-"))
         try:

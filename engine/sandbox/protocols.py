@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 __all__ = [
     "OUTPUT_CHUNK_BYTES",
@@ -45,6 +45,12 @@ class SandboxCapabilities:
     """The scratch is a host directory that survives the sandbox (no bank needed, §7.2b)."""
     supports_dir_copy: bool
     """`copy_in` / `copy_out` work."""
+    attachments: Literal["host", "copy", "none"] = "none"
+    """How the run's attachments reach its commands (SPEC §8): `host`, the sandbox opens the
+    host directory `SandboxSpec.attachments_dir` as it is (read-only files); `copy`, they are
+    copied into `/run/runfleet/attachments/` during the seed phase (`seed_dirs`); `none`, the
+    driver can do neither, and a run that holds attachments is refused
+    `ATTACHMENTS_UNDELIVERABLE` at sandbox start."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import click
 
 from runner.cli import fleet, runs
+from runner.cli.console import console_cmd
 from runner.cli.dlq import dlq_group
+from runner.cli.uploads import upload_cmd
 from runner.cli.validate import validate_cmd
 
 
@@ -26,6 +28,7 @@ def cli() -> None:
 for _command in (
     runs.run_cmd,
     validate_cmd,
+    upload_cmd,
     runs.launch_cmd,
     runs.resume_cmd,
     runs.cancel_cmd,
@@ -39,5 +42,6 @@ for _command in (
     fleet.streams_group,
     fleet.gc_cmd,
     dlq_group,
+    console_cmd,
 ):
     cli.add_command(_command)

@@ -22,6 +22,7 @@ from runner.cli.options import (
 )
 from runner.cli.runtime import command, json_option
 from runner.cli.tables import runs_table
+from runner.cli.uploads import parse_attach
 from runner.cli.views import echo_json, echo_run, event_line, run_view
 from runner.operations import open_env
 from runner.operations.retry_wait import waiting_retry
@@ -141,19 +142,30 @@ async def resume_cmd(
 @click.command("launch")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--var", "vars_", multiple=True, metavar="K=V", help="set a workflow var")
+@click.option(
+    "--attach",
+    "attach",
+    multiple=True,
+    metavar="NAME=PATH|NAME=upload:ID",
+    help="give the run a file (SPEC §8)",
+)
 @json_option
 @command
-async def launch_cmd(file: Path, vars_: tuple[str, ...], as_json: bool) -> None:
+async def launch_cmd(
+    file: Path, vars_: tuple[str, ...], attach: tuple[str, ...], as_json: bool
+) -> None:
     """Queue a new run of FILE for the fleet.
 
     \b
     Example:
       runfleet launch examples/hello.yaml --var name=Ada
+      runfleet launch review.yaml --attach spec=./spec.pdf
     """
     loaded = load_workflow_file(file)
     inputs = parse_pairs(vars_, "--var")
+    paths, uploads = parse_attach(attach)
     async with open_env() as env:
-        doc = await ops.launch(env, loaded, inputs)
+        doc = await ops.launch(env, loaded, inputs, attach_paths=paths, attach_uploads=uploads)
     echo_json(run_view(doc)) if as_json else echo_run(doc)
 
 

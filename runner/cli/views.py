@@ -41,6 +41,7 @@ def run_view(doc: RunDocument, retry: RetryWait | None = None) -> dict[str, Any]
         else {"owner": doc.lease.owner, "expires_at": iso_z(doc.lease.expires_at)},
         "cancel_requested": doc.cancel_requested,
         "retry": retry.to_dict() if retry else None,
+        "attachments": [a.model_dump() for a in doc.attachments],
     }
 
 

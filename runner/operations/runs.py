@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from engine import local as engine_local
 from engine import rewind as engine_rewind
 from engine.loader import LoadedWorkflow
 from engine.resume import ResumeRequest
+from engine.vars import resolve_vars
 from runner.delivery_log import DeliveryEntry, read_deliveries
+from runner.operations import uploads
 from runner.operations.env import Env
 from runner.operations.ordering import queued_before_claimed
 from runner.operations.retry_wait import will_retry
 from runner.operations.run_ids import resolve_run_id
-from store import Event, RunDocument, RunPage, RunQuery, RunStatus, utcnow
+from store import Event, RunDocument, RunPage, RunQuery, RunStatus, StagedFile, utcnow
 
 MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 """While a run is in one of these, `follow` keeps reading its events."""
@@ -42,11 +45,31 @@ def still_moving(run: RunDocument) -> bool:
 
 
 async def launch(
-    env: Env, loaded: LoadedWorkflow, inputs: dict[str, Any], *, tenant: str | None = None
+    env: Env,
+    loaded: LoadedWorkflow,
+    inputs: dict[str, Any],
+    *,
+    tenant: str | None = None,
+    run_id: str | None = None,
+    attach_paths: Mapping[str, Path] | None = None,
+    attach_uploads: Mapping[str, str] | None = None,
 ) -> RunDocument:
-    """Queue a new run of `loaded` for the fleet (SPEC §4 Launch)."""
+    """Queue a new run of `loaded` for the fleet (SPEC §4 Launch). A given `run_id` is created
+    only if no run has it (`RunAlreadyExists`): what makes a retried API launch idempotent.
+    Attachments are promoted to the run id first (§8): a promotion that fails is
+    `LaunchFailed`, with no run created and nothing queued."""
+    tenant = tenant or env.tenant
     async with env.publisher() as publisher:
-        return await publisher.launch(loaded, inputs, tenant=tenant or env.tenant)
+        files: list[StagedFile] = []
+        if attach_paths or attach_uploads:
+            resolve_vars(loaded.workflow, inputs)  # a bad var refuses before any byte moves
+            run_id = run_id or engine_local.new_run_id()
+            files = await uploads.promote(
+                env, run_id, paths=attach_paths or {}, uploads=attach_uploads or {}, tenant=tenant
+            )
+        return await publisher.launch(
+            loaded, inputs, tenant=tenant, run_id=run_id, attachments=files
+        )
 
 
 async def run_local(

@@ -71,7 +71,7 @@ __all__ = ["ApiFactory", "KubernetesSandboxDriver"]
 log = logging.getLogger(__name__)
 
 _CAPABILITIES = SandboxCapabilities(
-    process_isolated=True, host_backed_scratch=False, supports_dir_copy=True
+    process_isolated=True, host_backed_scratch=False, supports_dir_copy=True, attachments="copy"
 )
 _ERRORS: dict[FailureCode, type[SandboxError]] = {
     FailureCode.SANDBOX_CAPACITY: SandboxCapacity,

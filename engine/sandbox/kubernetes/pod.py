@@ -25,6 +25,7 @@ from pydantic import ValidationError
 __all__ = [
     "ANNOTATION_RUN_ID",
     "ANNOTATION_TOKEN",
+    "ATTACHMENTS",
     "CONTAINER",
     "LABEL_EXECUTION",
     "LABEL_MANAGED_BY",
@@ -48,6 +49,8 @@ MANAGED_BY = "runfleet"
 CONTAINER = "sandbox"
 WORKSPACE = "/workspace"
 SCRATCH = "/scratch"
+ATTACHMENTS = "/run/runfleet/attachments"
+"""Where a run's attachments are copied in (SPEC §8); an emptyDir, under the read-only root."""
 SANDBOX_UID = 65532
 """The user the sandbox runs as unless the template says another (never root)."""
 
@@ -144,6 +147,8 @@ def build_pod(
             {"name": "workspace", "mountPath": WORKSPACE},
             {"name": "scratch", "mountPath": SCRATCH},
             {"name": "tmp", "mountPath": "/tmp"},
+            # The run's attachments, copied in read-only during the seed phase (SPEC §8).
+            {"name": "attachments", "mountPath": ATTACHMENTS},
         ],
         # Ready = the workspace is writable by the sandbox's user: commands can start.
         "readinessProbe": {
@@ -183,6 +188,7 @@ def build_pod(
                 {"name": "workspace", "emptyDir": {}},
                 {"name": "scratch", "emptyDir": {}},
                 {"name": "tmp", "emptyDir": {}},
+                {"name": "attachments", "emptyDir": {}},
             ],
         },
     }

@@ -28,7 +28,7 @@ from engine.sandbox.protocols import SandboxCapabilities, SandboxRef, SandboxSpe
 __all__ = ["LocalSandboxDriver"]
 
 _CAPABILITIES = SandboxCapabilities(
-    process_isolated=False, host_backed_scratch=True, supports_dir_copy=True
+    process_isolated=False, host_backed_scratch=True, supports_dir_copy=True, attachments="host"
 )
 
 
