@@ -26,6 +26,8 @@ from engine.workflow import Question, value_fits
 _TRUE = frozenset({"true", "yes", "1"})
 _FALSE = frozenset({"false", "no", "0"})
 _INT = re.compile(r"[+-]?\d+")
+_UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _EXPECTED = {
     "string": "a string",
@@ -102,6 +104,8 @@ def _parse(q: Question, text: str) -> Any:
 
 
 def _file(q: Question, value: Any, base_dir: Path | None) -> dict[str, Any]:
+    if isinstance(value, Mapping) and "upload" in value:
+        return _uploaded(q, value)
     if isinstance(value, Mapping) and isinstance(value.get("path"), str):
         value = value["path"]
     if not isinstance(value, str) or not value.strip():
@@ -123,6 +127,27 @@ def _file(q: Question, value: Any, base_dir: Path | None) -> dict[str, Any]:
     except OSError as exc:
         raise AnswersInvalid(q.name, f"cannot read {path}: {exc.strerror or exc}") from exc
     return {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}
+
+
+def _uploaded(q: Question, value: Mapping[str, Any]) -> dict[str, Any]:
+    """A `file` answer sent through the queue (SPEC §6.4, §8): a staged upload's id and what
+    was staged. No path is opened: the fresh claim promotes the upload to the run."""
+    upload, filename = value.get("upload"), value.get("filename")
+    size, digest = value.get("bytes"), value.get("sha256")
+    if not (
+        isinstance(upload, str)
+        and _UPLOAD_ID.fullmatch(upload)
+        and isinstance(filename, str)
+        and filename
+        and isinstance(size, int)
+        and not isinstance(size, bool)
+        and isinstance(digest, str)
+        and _SHA256.fullmatch(digest)
+    ):
+        raise AnswersInvalid(
+            q.name, f"expected an upload {{upload, filename, bytes, sha256}}, got {dict(value)!r}"
+        )
+    return {"upload": upload, "filename": filename, "bytes": size, "sha256": digest}
 
 
 def _wrong(q: Question, value: Any) -> AnswersInvalid:

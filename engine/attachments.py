@@ -36,10 +36,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from engine.failures import FailureCode
 from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import SandboxCapabilities, SandboxDriver, SeedDir
-from store import BlobStore, RunDocument
+from store import BlobStore, ResumeSpec, RunDocument
 from store.errors import Refusal, RunfleetError, StoreError
 from store.models import StagedFile, StagedUpload
-from store.staging import StagingStore
+from store.staging import StagedUploadNotFound, StagingStore
 
 __all__ = [
     "SANDBOX_DIR",
@@ -208,6 +208,56 @@ async def promote_for_launch(
             f"RUNFLEET_ATTACHMENT_MAX_BYTES ({limits.max_bytes})"
         )
     return promoted
+
+
+# -- file answers through the queue (SPEC §6.4) --------------------------------------------------
+
+
+def uploaded_answers(run: RunDocument, spec: ResumeSpec | None) -> dict[str, dict[str, Any]]:
+    """The `file` answers of the resume of this attempt that name a staged upload
+    (field → `{upload, filename, bytes, sha256}`): what the fresh claim turns into attachments."""
+    if spec is None or spec.attempt != run.attempt:
+        return {}
+    return {
+        name: value
+        for name, value in spec.answers.items()
+        if isinstance(value, dict) and isinstance(value.get("upload"), str)
+    }
+
+
+async def promote_answers(
+    staging: StagingStore, blobs: BlobStore, run: RunDocument, spec: ResumeSpec | None
+) -> None:
+    """Before the fresh claim's CAS: each uploaded answer's bytes promoted to the run under the
+    field's name, from the run's own tenant (another tenant's upload id is not found). A retry
+    after a lost CAS finds the upload gone and the bytes in place, which is done."""
+    for name, answer in uploaded_answers(run, spec).items():
+        key = f"runs/{run.run_id}/attachments/{name}"
+        try:
+            await staging.promote(answer["upload"], run.tenant, run.run_id, rename=name)
+        except StagedUploadNotFound:
+            if await blobs.stat(key) is None:
+                raise
+
+
+def answer_attachments(run: RunDocument, spec: ResumeSpec | None) -> dict[str, Any]:
+    """The fields the fresh claim writes for uploaded answers: the run's `attachments` with one
+    per answered field (a field answered again replaces its attachment)."""
+    answered = uploaded_answers(run, spec)
+    if not answered:
+        return {}
+    held = [a for a in run.attachments if a.name not in answered]
+    for name, answer in answered.items():
+        held.append(
+            StagedFile(
+                name=name,
+                filename=answer["filename"],
+                bytes=answer["bytes"],
+                sha256=answer["sha256"],
+                key=f"runs/{run.run_id}/attachments/{name}",
+            )
+        )
+    return {"attachments": [a.model_dump() for a in held]}
 
 
 # -- materialisation and delivery (the runner) ------------------------------------------------

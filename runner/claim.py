@@ -17,10 +17,12 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+from engine import attachments
 from engine.failures import FailureCode
 from engine.resume import claim_effects
 from runner.admission import ClaimPath, DeliveryInfo
 from store import (
+    BlobStore,
     CasConflict,
     Eq,
     Lease,
@@ -31,6 +33,7 @@ from store import (
     RunStore,
     Update,
 )
+from store.staging import StagingStore
 
 
 def _read_conditions(run: RunDocument, now: datetime, skew: timedelta) -> list[Any]:
@@ -61,7 +64,10 @@ async def claim(
     now: datetime,
     ttl: timedelta,
     skew: timedelta,
+    blobs: BlobStore | None = None,
 ) -> RunDocument | CasConflict:
+    """`blobs`: where a resume's uploaded `file` answers are promoted to the run before the
+    CAS (SPEC §6.4, §8); the CAS then records them as attachments."""
     token = uuid.uuid4().hex
     fields: dict[str, Any] = {
         "status": RunStatus.RUNNING,
@@ -79,7 +85,10 @@ async def claim(
     }
     spec = run.resume_spec
     if path == "fresh" and spec is not None and spec.attempt == run.attempt:
+        if blobs is not None and attachments.uploaded_answers(run, spec):
+            await attachments.promote_answers(StagingStore(store, blobs), blobs, run, spec)
         fields.update(claim_effects(run, spec))
+        fields.update(attachments.answer_attachments(run, spec))
     return await store.update_run(run.run_id, _read_conditions(run, now, skew), Update(set=fields))
 
 

@@ -213,6 +213,7 @@ async def _admit(
         now=now,
         ttl=svc.ttl,
         skew=svc.skew,
+        blobs=svc.blobs,
     )
     if isinstance(claimed, CasConflict):
         svc.metrics.claims.labels(path=decision.path, outcome="lost").inc()

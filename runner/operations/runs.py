@@ -201,10 +201,14 @@ async def timeline_batches(
 async def resume(
     env: Env, run_id: str, request: ResumeRequest, *, tenant: str | None = None
 ) -> RunDocument:
-    """Resume through the queue (SPEC §4 Resume): refusals in order, one CAS, publish."""
+    """Resume through the queue (SPEC §4 Resume): refusals in order, one CAS, publish. A
+    `file` answer given as a local path is staged first and sent as its upload id (§6.4)."""
     run_id = await resolve_run_id(env, run_id)
+    tenant = tenant or env.tenant
+    run = await env.store.get_run(run_id)
+    request = await uploads.stage_file_answers(env, run, request, tenant=tenant)
     async with env.publisher() as publisher:
-        return await publisher.resume(run_id, request, tenant=tenant or env.tenant)
+        return await publisher.resume(run_id, request, tenant=tenant)
 
 
 async def resume_local(

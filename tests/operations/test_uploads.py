@@ -1,0 +1,190 @@
+"""Uploads and a launch's attachments (SPEC §8, §4 Launch) through the operations, on a real
+run store (SQLite, mongomock) and a real blob store (filesystem, a local S3 server), with the
+session's real nats-server: what the run document lists, what is stored, and what is queued.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.attachments import (
+    AttachmentNameInvalid,
+    AttachmentTooLarge,
+    LaunchFailed,
+    TooManyAttachments,
+)
+from engine.config import EngineSettings
+from publisher import WireNames, WireSettings, ensure_streams
+from runner import operations as ops
+from runner.operations import Env
+from runner.operations import uploads as upload_ops
+from store import RunQuery, RunStore
+from store.blobs_fs import FilesystemBlobStore
+from store.blobs_s3 import S3BlobStore
+from store.config import StoreSettings
+from store.protocols import BlobStore
+from store.staging import StagedUploadNotFound, StagingStore
+from tests.operations.conftest import ENGINE
+from tests.publisher.conftest import Nats, example, stream_messages
+from tests.support.s3server import S3Server, running_s3_server
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    with running_s3_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["fs", "s3"])
+async def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BlobStore]:
+    store: BlobStore
+    if request.param == "fs":
+        store = FilesystemBlobStore(tmp_path / "data" / "blobs")
+    else:
+        server: S3Server = request.getfixturevalue("s3_server")
+        store = S3BlobStore(
+            await server.new_bucket(),
+            "runfleet",
+            endpoint_url=server.endpoint_url,
+            region=server.region,
+            session=server.session(),
+        )
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def att_env(
+    run_store: RunStore, blobs: BlobStore, wire: WireSettings, nats_conn: Nats, tmp_path: Path
+) -> Env:
+    await ensure_streams(nats_conn.js, WireNames(wire.namespace), wire)
+    settings = StoreSettings(data=tmp_path / "data", tenant="default")
+    engine = EngineSettings(**ENGINE)  # type: ignore[arg-type]
+    return Env(settings, engine, run_store, blobs, "runfleet-test", wire)
+
+
+STORES = pytest.mark.parametrize("run_store", ["sqlite", "mongomock"], indirect=True)
+
+
+def _file(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def _limited(env: Env, **limits: object) -> Env:
+    return replace(env, settings=env.settings.model_copy(update=limits))
+
+
+async def _nothing_stored(env: Env) -> None:
+    assert await env.blobs.list("uploads/") == []
+    assert await env.blobs.list("runs/") == []
+
+
+@STORES
+async def test_launch_attach_path_and_upload_id_lists_them_on_the_run_document(
+    att_env: Env, tmp_path: Path
+) -> None:
+    spec = _file(tmp_path, "spec.pdf", b"%PDF spec bytes")
+    data = _file(tmp_path, "data.csv", b"a,b\n1,2\n")
+    staged = await upload_ops.upload(att_env, data)
+
+    run = await ops.launch(
+        att_env,
+        example("hello.yaml"),
+        {},
+        attach_paths={"spec": spec},
+        attach_uploads={"table": staged.id},
+    )
+
+    held = {a.name: a for a in run.attachments}
+    assert set(held) == {"spec", "table"}
+    assert (held["spec"].filename, held["spec"].bytes) == ("spec.pdf", 15)
+    assert held["table"].filename == "data.csv"
+    assert held["table"].sha256 == hashlib.sha256(b"a,b\n1,2\n").hexdigest()
+    assert held["table"].key == f"runs/{run.run_id}/attachments/table"
+    assert await att_env.blobs.get_bytes(held["spec"].key) == b"%PDF spec bytes"
+    assert (await att_env.store.get_run(run.run_id)).attachments == run.attachments
+    assert await att_env.blobs.list("uploads/") == []  # promoted uploads are discarded
+
+
+@STORES
+async def test_a_staged_upload_is_invisible_from_another_tenant_and_so_is_a_promoted_one(
+    att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames
+) -> None:
+    staged = await upload_ops.upload(att_env, _file(tmp_path, "a.txt", b"mine"), tenant="acme")
+    staging = StagingStore(att_env.store, att_env.blobs)
+
+    with pytest.raises(LaunchFailed, match="upload_not_found|no staged upload"):
+        await ops.launch(
+            att_env, example("hello.yaml"), {}, tenant="other", attach_uploads={"a": staged.id}
+        )
+    assert await stream_messages(nats_conn.js, names) == []
+
+    run = await ops.launch(
+        att_env, example("hello.yaml"), {}, tenant="acme", attach_uploads={"a": staged.id}
+    )
+    assert [a.name for a in run.attachments] == ["a"]
+    for tenant in ("other", "acme"):  # promoted: no upload is left for anyone to open
+        with pytest.raises(StagedUploadNotFound):
+            await staging.open(staged.id, tenant, tmp_path / tenant)
+    others = await att_env.store.list_runs(RunQuery(tenant="other"))
+    assert others.runs == []
+
+
+@STORES
+async def test_an_over_limit_file_is_refused_at_staging_with_the_limit_named_and_nothing_stored(
+    att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames
+) -> None:
+    env = _limited(att_env, attachment_max_bytes=10, attachments_max_count=2)
+    big = _file(tmp_path, "big.bin", b"x" * 11)
+
+    with pytest.raises(AttachmentTooLarge, match="RUNFLEET_ATTACHMENT_MAX_BYTES \\(10\\)"):
+        await upload_ops.upload(env, big)
+    with pytest.raises(AttachmentTooLarge, match="RUNFLEET_ATTACHMENT_MAX_BYTES"):
+        await ops.launch(env, example("hello.yaml"), {}, attach_paths={"big": big})
+    small = {n: _file(tmp_path, f"{n}.txt", b"ok") for n in ("a", "b", "c")}
+    with pytest.raises(TooManyAttachments, match="RUNFLEET_ATTACHMENTS_MAX_COUNT \\(2\\)"):
+        await ops.launch(env, example("hello.yaml"), {}, attach_paths=small)
+
+    await _nothing_stored(env)
+    assert await stream_messages(nats_conn.js, names) == []
+
+
+@STORES
+async def test_attachment_names_are_checked_before_any_byte_moves(
+    att_env: Env, tmp_path: Path
+) -> None:
+    path = _file(tmp_path, "a.txt", b"ok")
+    for bad in ("Spec", "1st", "a-b", "x" * 65):
+        with pytest.raises(AttachmentNameInvalid, match="must match"):
+            await ops.launch(att_env, example("hello.yaml"), {}, attach_paths={bad: path})
+    await _nothing_stored(att_env)
+
+
+@STORES
+async def test_a_launch_whose_promotion_fails_queues_nothing(
+    att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames
+) -> None:
+    spec = _file(tmp_path, "spec.pdf", b"spec")
+
+    with pytest.raises(LaunchFailed) as caught:
+        await ops.launch(
+            att_env,
+            example("hello.yaml"),
+            {},
+            attach_paths={"spec": spec},
+            attach_uploads={"gone": "0" * 32},
+        )
+
+    assert caught.value.code == "launch_failed"
+    assert await stream_messages(nats_conn.js, names) == []
+    assert (await att_env.store.list_runs(RunQuery(tenant="default"))).runs == []
+    await _nothing_stored(att_env)  # what this launch staged and promoted is removed
