@@ -22,6 +22,18 @@ Refs = Mapping[Any, dict[str, Any]]
 TITLE = "runfleet HTTP API"
 VERSION = "1"
 
+SSE_EVENT: dict[str, Any] = {
+    "description": "one server-sent event: `message` (data: an EventOut), then `end` (data: the"
+    " run, a RunOut) or `error` (data: an ErrorResponse)",
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "event": {"enum": ["message", "end", "error"]},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+        "id": {"type": "string"},
+    },
+}
+
 _ERRORS: dict[int, str] = {
     400: "invalid request, or a refusal with no more specific status",
     401: "no token, or an unknown one",
@@ -66,7 +78,7 @@ def _operation(route: Route, refs: Refs) -> dict[str, Any]:
     if route.response is None:
         ok = {
             "description": "a text/event-stream of the run's events, then `end` (or `error`)",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": SSE_EVENT}},
         }
     else:
         ok = {

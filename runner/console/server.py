@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8470
+SHUTDOWN_S = 5.0
+"""How long a stop waits for open requests (a followed event stream never ends by itself)."""
 OPEN_PATHS = frozenset({"/healthz"})
 BODY_MAX = 4 * 1024 * 1024
 """A workflow source and its vars, or a resume's answers: never near this."""
@@ -115,7 +117,9 @@ async def serve(
             log.warning(
                 "no RUNFLEET_API_TOKENS or RUNFLEET_CONSOLE_TOKEN: every request is refused"
             )
-        runner = web.AppRunner(create_app(env, tokens), access_log=None)
+        runner = web.AppRunner(
+            create_app(env, tokens), access_log=None, shutdown_timeout=SHUTDOWN_S
+        )
         await runner.setup()
         try:
             site = web.TCPSite(runner, host, port)
