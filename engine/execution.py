@@ -56,6 +56,8 @@ from engine.outcome import (
 )
 from engine.sandbox.errors import SandboxError, SandboxLost
 from engine.sandbox.protocols import Sandbox, SandboxDriver, SandboxSpec
+from engine.scratch import counts_for_bank, host_backed_of
+from engine.scratch_steps import restore_scratch, teardown_scratch
 from engine.stops import RunStops
 from engine.vars import resolve_vars
 from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, ToolNode, Workflow
@@ -71,6 +73,9 @@ class EngineEnv:
     settings: EngineSettings
     data_dir: Path
     blobs: BlobStore | None = None
+    host_backed: bool | None = None
+    """The deployment's scratch is host-backed (SPEC v2.2 §7.2b), decided once at start;
+    None = read from the store and blob objects (`engine.scratch.host_backed_of`)."""
 
 
 log = logging.getLogger(__name__)
@@ -90,6 +95,7 @@ class Execution(RunStops):
         data_dir: Path,
         blobs: BlobStore | None = None,
         events: EventLog | None = None,
+        host_backed: bool | None = None,
     ) -> None:
         self.store = store
         self.run_doc = run
@@ -111,6 +117,12 @@ class Execution(RunStops):
         )
         self._sandbox: Sandbox | None = None
         self._workflow: Workflow | None = None
+        self.host_backed = (
+            host_backed_of(settings.sandbox, store, blobs) if host_backed is None else host_backed
+        )
+        self.outcome: Outcome | None = None
+        self.scratch_held = False
+        """A restore failed: the bank is held, this execution must not bank over it (§7.4)."""
 
     @classmethod
     def claimed(
@@ -128,6 +140,7 @@ class Execution(RunStops):
             data_dir=env.data_dir,
             blobs=env.blobs,
             events=events,
+            host_backed=env.host_backed,
         )
 
     @property
@@ -158,13 +171,21 @@ class Execution(RunStops):
 
     async def run(self) -> Outcome:
         try:
-            return await self._run()
+            self.outcome = await self._run()
         except LeaseLost:
-            return Interrupted(CancelReason.LEASE_LOST)
+            self.outcome = Interrupted(CancelReason.LEASE_LOST)
+        return self.outcome
 
-    async def teardown(self) -> None:
-        """Stop the sandbox and drop the per-execution workspace. The scratch survives (the
-        local driver's scratch is host-backed, SPEC §7.2b); banking comes with remote drivers."""
+    async def teardown(self, outcome: Outcome | None = None) -> None:
+        """Bank the scratch as the outcome says (SPEC §7.3: a finished run drops its bank, a
+        lost lease banks nothing; `engine.scratch`), then stop the sandbox and drop the
+        per-execution workspace. `outcome` defaults to what `run()` returned."""
+        try:
+            await teardown_scratch(self, outcome or self.outcome)
+        finally:
+            await self._stop_sandbox()
+
+    async def _stop_sandbox(self) -> None:
         if self._sandbox is not None:
             await self._sandbox.stop()
             self._sandbox = None
@@ -183,6 +204,9 @@ class Execution(RunStops):
             # final checkpoint (the status write was lost) must not start again at `entry`.
             return Finished()
         node_id = cp.restart_node or workflow.entry
+        held = await restore_scratch(self)  # before the first node (SPEC §7.4)
+        if held is not None:
+            return Failed(held.code, held.error, node=node_id)
         node = workflow.nodes[node_id]
         if isinstance(node, HumanNode) and node_id in cp.outputs and cp.pending_interaction is None:
             # The fresh claim wrote the answers as this node's output (SPEC §5.3): they select
@@ -229,9 +253,9 @@ class Execution(RunStops):
             cp.node_retries.pop(node_id, None)
             if node_id not in cp.completed:
                 cp.completed.append(node_id)
-            in_sandbox = isinstance(node, ToolNode)
+            in_sandbox = counts_for_bank(node.kind)  # SANDBOX_KINDS (§7.4)
             if in_sandbox:
-                cp.sandbox_progress = cp.progress + 1
+                cp.sandbox_progress = cp.sandbox_done[node_id] = cp.progress + 1
             nxt = await self._advance(node_id)
             await self.events.emit("node_finished", node=node_id, in_sandbox=in_sandbox)
             if not isinstance(nxt, str):
@@ -378,6 +402,13 @@ class Execution(RunStops):
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(task, budget)
         return None
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        return self._sandbox
+
+    async def ensure_sandbox(self) -> Sandbox:
+        return await self._ensure_sandbox()
 
     async def _ensure_sandbox(self) -> Sandbox:
         if self._sandbox is None:

@@ -22,6 +22,7 @@ from engine.refusals import (
     ScratchNotPortable,
     WorkflowSourceChanged,
 )
+from engine.scratch import moved_past
 from engine.workflow import HumanNode
 from store import (
     Budget,
@@ -58,7 +59,7 @@ def scratch_problem(run: RunDocument) -> str | None:
     if rec.state == "unbankable":
         return "the last teardown could not bank a non-empty scratch"
     cp = run.checkpoint or Checkpoint()
-    if rec.state == "banked" and cp.sandbox_progress > rec.progress:
+    if rec.state == "banked" and moved_past(cp, rec):
         return "the run moved past its bank (a sandbox node finished after it)"
     return None
 

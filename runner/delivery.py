@@ -250,7 +250,9 @@ async def _execute(
     like any transient code, with teardown and release still attempted (`dispose_outcome`)."""
     assert run.lease is not None
     cancel = CancelSignal()
-    events = EventLog(svc.store, run.run_id, run.attempt, run.lease.token, cancel)
+    events = EventLog(
+        svc.store, run.run_id, run.attempt, run.lease.token, cancel, listener=svc.metrics.on_event
+    )
     execution = Execution.claimed(svc.engine_env, run, cancel, events)
     started = time.monotonic()
     delivery.leased = True  # from here on an error is an outcome, never a DLQ record

@@ -20,7 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from store import RunStatus
+from store import Event, RunStatus
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -112,6 +112,12 @@ class RunnerMetrics:
         self.scratch_bank_seconds = Histogram(
             "runfleet_scratch_bank_seconds", "Scratch bank duration", registry=r
         )
+
+    def on_event(self, event: Event) -> None:
+        """An execution's event, as it is appended: the scratch bank's bytes and duration."""
+        if event.type == "sandbox_scratch_banked":
+            self.scratch_bank_bytes.inc(int(event.data.get("bytes") or 0))
+            self.scratch_bank_seconds.observe(float(event.data.get("seconds") or 0.0))
 
     def delivery(self, disposition: str, reason: str) -> None:
         self.deliveries.labels(disposition=disposition, reason=reason).inc()

@@ -17,6 +17,7 @@ from engine.cancel import CancelSignal
 from engine.config import EngineSettings
 from engine.execution import EngineEnv
 from engine.sandbox.protocols import SandboxDriver
+from engine.scratch import host_backed_of
 from publisher.config import WireSettings
 from publisher.dlq import DlqStore
 from publisher.publisher import Publisher
@@ -66,9 +67,16 @@ class RunnerServices:
         """Counts each disposition and records it on the delivery log (SPEC v2.2 §10b)."""
         return DeliveryLog(self.nc, self.names, self.owner, self.metrics)
 
+    @cached_property
+    def host_backed(self) -> bool:
+        """The deployment's scratch is host-backed (SPEC v2.2 §7.2b): decided once."""
+        return host_backed_of(self.engine.sandbox, self.store, self.blobs)
+
     @property
     def engine_env(self) -> EngineEnv:
-        return EngineEnv(self.store, self.driver, self.engine, self.data_dir, self.blobs)
+        return EngineEnv(
+            self.store, self.driver, self.engine, self.data_dir, self.blobs, self.host_backed
+        )
 
     @property
     def ttl(self) -> timedelta:

@@ -119,6 +119,9 @@ class Checkpoint(_Stored):
     progress: int = 0
     completed: list[str] = Field(default_factory=list)
     sandbox_progress: int = 0
+    sandbox_done: dict[str, int] = Field(default_factory=dict)
+    """Sandbox node (`SANDBOX_KINDS`) → the progress counter its last finish wrote: what a
+    rewind's dropped nodes are taken out of when a bank's staleness is judged (SPEC §7.4)."""
 
 
 class ScratchRecord(_Stored):

@@ -1,0 +1,363 @@
+"""The scratch bank and its restore (SPEC v2.2 §7.2b-§7.5), written once against the
+`SandboxDriver`/`Sandbox` and `BlobStore` protocols, never per driver (STYLE.md).
+
+A resume lands on a new sandbox, often on another host. Unless every runner that may claim the
+run reaches the same directory (`deployment_host_backed`), the scratch a node left behind is
+banked at teardown and restored before the next execution's first node; what cannot be restored
+is refused rather than lost silently. The order of a bank (adr/0011): tar + gzip at
+`BANK_GZIP_LEVEL` through a host temp file, the cap checked before any byte is uploaded, upload
+to the execution's own key, the fenced record naming that key, *then* every other key under the
+prefix deleted, so at every instant the record names a key that exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from engine.archive import ArchiveOverCap, ArchiveRefused, check_archive, make_archive
+from engine.events import EventLog
+from engine.failures import FailureCode
+from engine.fencing import FencedWriter, LeaseLost
+from engine.outcome import Failed
+from engine.sandbox.errors import SandboxError
+from engine.sandbox.protocols import Sandbox
+from engine.workflow import SANDBOX_KINDS
+from store import BlobNotFound, BlobStore, Checkpoint, RunStore, ScratchRecord, StoreError, utcnow
+
+__all__ = [
+    "BANK_GZIP_LEVEL",
+    "BankOutcome",
+    "ScratchBank",
+    "bank_key",
+    "bank_prefix",
+    "counts_for_bank",
+    "deployment_host_backed",
+    "host_backed_of",
+    "moved_past",
+    "sweep_bank_keys",
+]
+
+BANK_GZIP_LEVEL = 1
+"""gzip level of every bank: about 2.5 times faster than `tar czf`'s default 6 on a mixed
+tree for ~15 % more bytes (adr/0011, docs/performance.md)."""
+
+RACE_RETRIES = 3
+"""Tars run again after a member raced, while the bank budget allows."""
+
+_RANK = {"unknown": 0, "unbankable": 0, "empty": 1, "banked": 2}
+"""files > empty > unknown: a later try never records less (§7.3)."""
+
+_TRANSIENT = (StoreError, OSError, SandboxError)
+
+
+class _NoBlobStore(Exception):
+    """Nowhere to bank a non-empty scratch: not transient, recorded `unbankable` at once."""
+
+
+def deployment_host_backed(driver: str, store_url: str, blob_url: str | None) -> bool:
+    """SPEC v2.2 §7.2b: the scratch is host-backed only when every runner that may claim the run
+    reaches it — the local driver on the embedded default (a SQLite store, which pins the
+    deployment to one host, with file blobs or none). Anything else banks, the local driver on
+    Mongo or S3 included."""
+    file_blobs = blob_url is None or blob_url.startswith("file://")
+    return driver == "local" and store_url.startswith("sqlite:///") and file_blobs
+
+
+def host_backed_of(driver: str, store: RunStore, blobs: BlobStore | None) -> bool:
+    """`deployment_host_backed` read from the opened backends (their URLs, as the objects know
+    them), for a runner handed objects rather than URLs. Decided once, at start."""
+    from store.blobs_fs import FilesystemBlobStore
+    from store.sqlite.runs import SqliteRunStore
+
+    store_url = f"sqlite:///{store.path}" if isinstance(store, SqliteRunStore) else "remote://"
+    if blobs is None or isinstance(blobs, FilesystemBlobStore):
+        blob_url = None if blobs is None else f"file://{blobs.root}"
+    else:
+        blob_url = "remote://"
+    return deployment_host_backed(driver, store_url, blob_url)
+
+
+def counts_for_bank(kind: str) -> bool:
+    """A finished node of this kind moves the run past its bank (`SANDBOX_KINDS`, §7.4)."""
+    return kind in SANDBOX_KINDS
+
+
+def bank_prefix(run_id: str) -> str:
+    return f"runs/{run_id}/scratch/"
+
+
+def bank_key(run_id: str, lease_token: str) -> str:
+    return f"{bank_prefix(run_id)}{lease_token}.tgz"
+
+
+def moved_past(checkpoint: Checkpoint, rec: ScratchRecord) -> bool:
+    """§7.4: a sandbox node (`SANDBOX_KINDS`) finished after the bank's checkpoint; nodes a
+    rewind dropped (no longer `completed`) do not count, engine-side nodes never do."""
+    if checkpoint.sandbox_done:
+        done = checkpoint.sandbox_done
+        return any(done[n] > rec.progress for n in checkpoint.completed if n in done)
+    return checkpoint.sandbox_progress > rec.progress
+
+
+async def sweep_bank_keys(blobs: BlobStore, run_id: str, keep: str | None) -> list[str]:
+    """Deletes every key under the run's bank prefix except `keep` (the one the record names);
+    the bank's writer after each record, the sweeper and `gc` for runs with no live lease."""
+    deleted = []
+    for info in await blobs.list(bank_prefix(run_id)):
+        if info.key != keep and await blobs.delete(info.key):
+            deleted.append(info.key)
+    return deleted
+
+
+@dataclass(slots=True)
+class BankOutcome:
+    """What a bank did: the event's fields plus the duration (for the metrics)."""
+
+    state: Literal["banked", "empty", "unbankable", "unknown", "dropped", "none"]
+    bytes: int = 0
+    reason: str = ""
+    raced: list[str] = field(default_factory=list)
+    unquiesced: bool = False
+    seconds: float = 0.0
+
+    def event(self) -> dict[str, object]:
+        return {
+            "banked": self.state == "banked",
+            "empty": self.state == "empty",
+            "unknown": self.state == "unknown",
+            "bytes": self.bytes,
+            "reason": self.reason,
+            "raced": self.raced,
+            "unquiesced": self.unquiesced,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@contextlib.contextmanager
+def _host_temp() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="runfleet-scratch-") as tmp:
+        yield Path(tmp)
+
+
+def _empty_dir(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _gunzip(src: Path, dest: Path) -> None:
+    with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1024 * 1024)
+
+
+def _untar(src: Path, dest: Path) -> None:
+    import tarfile
+
+    with tarfile.open(src, "r:") as tar:
+        tar.extractall(dest, filter="data")
+
+
+class ScratchBank:
+    """The bank and restore of one execution's scratch.
+
+    `host_scratch` is the run's scratch on this host; a driver whose scratch *is* that directory
+    (`capabilities.host_backed_scratch`, the local driver) is read and written there directly,
+    any other through `copy_out` / `copy_in` of `sandbox_scratch` inside the sandbox."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        token: str,
+        blobs: BlobStore | None,
+        writer: FencedWriter,
+        events: EventLog,
+        cap_bytes: int,
+        budget_s: float,
+        host_scratch: Path,
+        sandbox_scratch: Path = Path("/scratch"),
+    ) -> None:
+        self.run_id = run_id
+        self.token = token
+        self.blobs = blobs
+        self.writer = writer
+        self.events = events
+        self.cap_bytes = cap_bytes
+        self.budget_s = budget_s
+        self.host_scratch = host_scratch
+        self.sandbox_scratch = sandbox_scratch
+
+    # -- teardown --------------------------------------------------------------------------
+
+    async def drop(self) -> None:
+        """A finished run keeps no bank: its keys go, the record says nothing is held."""
+        if self.blobs is not None:
+            await sweep_bank_keys(self.blobs, self.run_id, keep=None)
+
+    async def bank(
+        self, sandbox: Sandbox, *, host_dir: bool, process_isolated: bool, progress: int
+    ) -> BankOutcome:
+        """§7.3, within the bank budget; says `sandbox_scratch_banked` and returns what it did."""
+        started = time.monotonic()
+        deadline = started + self.budget_s
+        # Not process isolated (local): the node's process groups were killed at node end, so
+        # nothing else writes the scratch; an isolated driver's quiesce is its own (§7.1).
+        unquiesced = process_isolated
+        result = BankOutcome("unknown", unquiesced=unquiesced)
+        recorded = -1
+        with _host_temp() as tmp:
+            archive = tmp / "scratch.tgz"
+            try:
+                async for attempt in self._retrying(deadline):
+                    with attempt:
+                        result = await self._tar(sandbox, host_dir, tmp, archive, deadline)
+                        result.unquiesced = unquiesced
+                        if _RANK.get(result.state, 0) < recorded:
+                            break
+                        if result.state == "banked":
+                            assert self.blobs is not None
+                            await self.blobs.put_file(bank_key(self.run_id, self.token), archive)
+                        await self._record(result, progress)
+                        recorded = _RANK[result.state]
+            except LeaseLost:
+                raise
+            except ArchiveOverCap as exc:
+                result = BankOutcome("unbankable", bytes=exc.written, reason=f"over the cap: {exc}")
+                result.unquiesced = unquiesced
+                await self._record_quietly(result, progress)
+            except Exception as exc:  # noqa: BLE001 - the budget is spent: say so, record it
+                if recorded < 0:
+                    state: Literal["unbankable", "unknown"] = (
+                        "unknown" if result.state == "unknown" else "unbankable"
+                    )
+                    result = BankOutcome(
+                        state, bytes=result.bytes, reason=f"not banked: {exc!r}"[:500]
+                    )
+                    result.unquiesced = unquiesced
+                    await self._record_quietly(result, progress)
+        result.seconds = time.monotonic() - started
+        await self.events.emit("sandbox_scratch_banked", **result.event())
+        return result
+
+    def _retrying(self, deadline: float) -> AsyncRetrying:
+        return AsyncRetrying(
+            retry=retry_if_exception_type(_TRANSIENT),
+            stop=stop_after_delay(max(deadline - time.monotonic(), 0.0)) | stop_after_attempt(8),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+
+    async def _tar(
+        self, sandbox: Sandbox, host_dir: bool, tmp: Path, archive: Path, deadline: float
+    ) -> BankOutcome:
+        """The archive of the scratch as it is now: tar again while members race and the
+        budget allows; the last complete archive is kept with the raced members named."""
+        source = self.host_scratch
+        if not host_dir:
+            source = tmp / "copied"
+            _empty_dir(source)
+            plain = tmp / "copied.tar"
+            await sandbox.copy_out(self.sandbox_scratch, plain)
+            await asyncio.to_thread(_untar, plain, source)
+        for _ in range(RACE_RETRIES + 1):
+            stats = await asyncio.to_thread(
+                make_archive, source, archive, level=BANK_GZIP_LEVEL, cap_bytes=self.cap_bytes
+            )
+            if not stats.raced or time.monotonic() >= deadline:
+                break
+        if stats.empty:
+            return BankOutcome("empty")
+        if self.blobs is None:
+            raise _NoBlobStore("no blob store to bank the scratch into")
+        reason = "raced: the last complete archive" if stats.raced else ""
+        return BankOutcome("banked", bytes=stats.bytes, raced=list(stats.raced), reason=reason)
+
+    async def _record(self, result: BankOutcome, progress: int) -> None:
+        """The fenced record (a new one clears `forsaken`), then every other key goes."""
+        banked = result.state == "banked"
+        key = bank_key(self.run_id, self.token) if banked else None
+        rec = ScratchRecord(
+            state=result.state,
+            key=key,
+            bytes=result.bytes,
+            progress=progress,
+            raced=result.raced,
+            unquiesced=result.unquiesced,
+            lease_token=self.token,
+            at=utcnow(),
+        )
+        await self.writer.write_record({"scratch": rec.model_dump()})
+        if self.blobs is not None and result.state in ("banked", "empty"):
+            await sweep_bank_keys(self.blobs, self.run_id, keep=key)
+
+    async def _record_quietly(self, result: BankOutcome, progress: int) -> None:
+        with contextlib.suppress(StoreError, OSError):
+            await self._record(result, progress)
+
+    # -- restore ---------------------------------------------------------------------------
+
+    async def restore(
+        self, sandbox: Sandbox, rec: ScratchRecord, *, host_dir: bool, stale: bool
+    ) -> Failed | None:
+        """§7.4: the banked archive checked on the host, then extracted into an emptied scratch.
+        Gone or refused → `SCRATCH_NOT_PORTABLE` (held); a read that broke →
+        `SCRATCH_RESTORE_FAILED` (transient). Says `sandbox_scratch_restored`."""
+        assert rec.key is not None
+        with _host_temp() as tmp:
+            archive = tmp / "bank.tgz"
+            failed: Failed | None = None
+            restored = 0
+            try:
+                if self.blobs is None:
+                    raise BlobNotFound(f"no blob store holds {rec.key}")
+                await self.blobs.get_to_file(rec.key, archive)
+                await asyncio.to_thread(check_archive, archive, cap_bytes=self.cap_bytes)
+                restored = await self._extract(sandbox, archive, tmp, host_dir)
+            except BlobNotFound as exc:
+                failed = Failed(FailureCode.SCRATCH_NOT_PORTABLE, f"the bank is gone: {exc}")
+            except ArchiveRefused as exc:
+                failed = Failed(FailureCode.SCRATCH_NOT_PORTABLE, f"the bank is refused: {exc}")
+            except (StoreError, OSError, SandboxError) as exc:
+                failed = Failed(
+                    FailureCode.SCRATCH_RESTORE_FAILED, f"the bank could not be read: {exc}"
+                )
+        await self.events.emit(
+            "sandbox_scratch_restored",
+            restored=failed is None,
+            bytes=restored,
+            stale=stale,
+            accepted=False,
+            reason="" if failed is None else failed.error,
+            key=rec.key,
+        )
+        return failed
+
+    async def _extract(self, sandbox: Sandbox, archive: Path, tmp: Path, host_dir: bool) -> int:
+        from engine.archive import safe_extract
+
+        if host_dir:
+            await asyncio.to_thread(_empty_dir, self.host_scratch)
+            return await asyncio.to_thread(
+                safe_extract, archive, self.host_scratch, cap_bytes=self.cap_bytes
+            )
+        plain = tmp / "bank.tar"
+        await asyncio.to_thread(_gunzip, archive, plain)
+        await sandbox.copy_in(plain, self.sandbox_scratch)
+        return plain.stat().st_size

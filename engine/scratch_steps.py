@@ -1,0 +1,127 @@
+"""The execution's two scratch steps (SPEC §7.3-§7.5): the restore before the first node and the
+bank at teardown. They live here, not in `execution.py`, so the walk stays readable; what they
+do to the bank itself is `engine.scratch.ScratchBank`'s.
+
+Who banks: an execution whose deployment is not host-backed (§7.2b), or whose workflow picks a
+driver other than `local`, and only when its sandbox ran (an execution that never started one
+left the scratch as the record describes it). Who restores: the same, when the record names a
+bank the run has not forsaken (§7.5: an accepted loss neither restores nor refuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from engine.outcome import CancelReason, Failed, Finished, Interrupted, Outcome
+from engine.sandbox.errors import SandboxError
+from engine.sandbox.protocols import SandboxCapabilities
+from engine.scratch import ScratchBank, moved_past
+from store import Checkpoint
+
+if TYPE_CHECKING:
+    from engine.execution import Execution
+
+__all__ = ["banks", "restore_scratch", "teardown_scratch"]
+
+log = logging.getLogger(__name__)
+
+
+def banks(execution: Execution) -> bool:
+    """This execution's scratch must be banked to follow the run (§7.2b)."""
+    driver = execution.workflow.sandbox.driver
+    return not execution.host_backed or driver not in (None, "local")
+
+
+def _capabilities(execution: Execution) -> SandboxCapabilities:
+    """The capabilities of the driver this workflow's sandbox runs on (the file wins, §6.1)."""
+    pick = getattr(execution.driver, "driver", None)  # a DriverRouter: the workflow's driver
+    driver = pick(execution.workflow.sandbox.driver) if callable(pick) else execution.driver
+    caps: SandboxCapabilities = driver.capabilities
+    return caps
+
+
+def _bank(execution: Execution) -> ScratchBank:
+    settings = execution.settings
+    return ScratchBank(
+        run_id=execution.run_id,
+        token=execution.token,
+        blobs=execution.blobs,
+        writer=execution.writer,
+        events=execution.events,
+        cap_bytes=int(settings.scratch_cap),
+        budget_s=settings.scratch_bank_budget.total_seconds(),
+        host_scratch=execution.scratch,
+    )
+
+
+async def restore_scratch(execution: Execution) -> Failed | None:
+    """Before the first node (§7.4): start the sandbox eagerly and restore the bank the record
+    names; a `Failed` (not portable: held; restore failed: transient) when it cannot."""
+    if not banks(execution):
+        return None
+    rec = execution.run_doc.scratch
+    caps = _capabilities(execution)
+    if rec is None or rec.state != "banked" or rec.key is None or rec.forsaken:
+        if caps.host_backed_scratch:  # a fresh scratch: nothing of another execution's leaks in
+            await asyncio.to_thread(_fresh, execution)
+        if rec is not None and rec.forsaken:
+            cp = execution.run_doc.checkpoint or Checkpoint()
+            await execution.events.emit(
+                "sandbox_scratch_restored",
+                restored=False,
+                bytes=0,
+                stale=rec.state == "banked" and moved_past(cp, rec),
+                accepted=True,
+                reason="the scratch loss was accepted (--accept-scratch-loss)",
+            )
+        return None
+    try:
+        sandbox = await execution.ensure_sandbox()
+    except SandboxError as exc:
+        execution.scratch_held = True
+        return Failed(exc.failure_code or "SANDBOX_START_FAILED", f"restore: {exc}")
+    cp = execution.run_doc.checkpoint or Checkpoint()
+    failed = await _bank(execution).restore(
+        sandbox, rec, host_dir=caps.host_backed_scratch, stale=moved_past(cp, rec)
+    )
+    if failed is not None:
+        execution.scratch_held = True
+    return failed
+
+
+def _fresh(execution: Execution) -> None:
+    import shutil
+
+    if execution.scratch.exists():
+        shutil.rmtree(execution.scratch)
+
+
+async def teardown_scratch(execution: Execution, outcome: Outcome | None) -> None:
+    """§7.3 at teardown: a finished run drops its bank; a lost lease, a held bank or a sandbox
+    that never ran banks nothing; otherwise the scratch is banked within the bank budget."""
+    if not banks(execution) or execution.writer.lost:
+        return
+    if isinstance(outcome, Interrupted) and outcome.reason is CancelReason.LEASE_LOST:
+        return
+    bank = _bank(execution)
+    if isinstance(outcome, Finished):
+        await bank.drop()
+        return
+    sandbox = execution.sandbox
+    if execution.scratch_held or sandbox is None:
+        return
+    caps = _capabilities(execution)
+    try:
+        await asyncio.wait_for(
+            bank.bank(
+                sandbox,
+                host_dir=caps.host_backed_scratch,
+                process_isolated=caps.process_isolated,
+                progress=execution.checkpoint.progress,
+            ),
+            execution.settings.scratch_bank_budget.total_seconds(),
+        )
+    except TimeoutError:
+        log.error("run %s: the scratch bank passed its budget", execution.run_id)

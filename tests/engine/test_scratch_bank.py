@@ -1,0 +1,378 @@
+"""The scratch bank and its restore (SPEC v2.2 §7.2b-§7.5), on the local driver with a Mongo
+(mongomock) store, so the deployment is not host-backed and the bank is real: file blobs stand
+for the shared object store, and two data directories for two hosts."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.archive import ArchiveStats, make_archive
+from engine.config import EngineSettings
+from engine.events import EventLog
+from engine.execution import Execution
+from engine.failures import FailureCode
+from engine.local import LocalEnv, claim_local, resume_local, run_local
+from engine.outcome import CancelReason, Interrupted, Paused
+from engine.refusals import ScratchNotPortable
+from engine.resume import ResumeRequest, scratch_problem
+from engine.rewind import rewind
+from engine.sandbox.local import LocalSandboxDriver
+from engine.scratch import bank_prefix, deployment_host_backed, host_backed_of
+from engine.settle import settle
+from store import BlobInfo, Event, RunDocument, RunStatus, RunStore, StoreUnavailable
+from store.blobs_fs import FilesystemBlobStore
+from store.mongo import MongoRunStore
+from store.sqlite import SqliteRunStore
+from tests.engine.conftest import workflow
+
+WIPE = {"wipe": True}
+KEEP = {"wipe": False}
+
+
+class FlakyBlobs(FilesystemBlobStore):
+    """The shared blob store, with faults a test arms: uploads or reads that fail."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.put_failures = 0
+        self.puts = 0
+        self.get_fails = False
+
+    async def put_file(self, key: str, path: Path) -> BlobInfo:
+        self.puts += 1
+        if self.put_failures > 0:
+            self.put_failures -= 1
+            raise StoreUnavailable("object store unreachable (test fault)")
+        return await super().put_file(key, path)
+
+    async def get_to_file(self, key: str, path: Path) -> BlobInfo:
+        if self.get_fails:
+            await asyncio.to_thread(path.write_bytes, b"\x1f\x8b partial")
+            raise StoreUnavailable("connection reset mid-read (test fault)")
+        return await super().get_to_file(key, path)
+
+
+@pytest.fixture
+async def mongo() -> AsyncIterator[RunStore]:
+    import mongomock_motor
+
+    client: Any = mongomock_motor.AsyncMongoMockClient(tz_aware=True)
+    store = MongoRunStore(client[f"runfleet_bank_{uuid.uuid4().hex}"])
+    await store.ensure_indexes()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def blobs(tmp_path: Path) -> FlakyBlobs:
+    return FlakyBlobs(tmp_path / "shared-blobs")
+
+
+def host(
+    store: RunStore, blobs: FlakyBlobs, data: Path, settings: EngineSettings | None = None
+) -> LocalEnv:
+    return LocalEnv(
+        store=store,
+        driver=LocalSandboxDriver(data),
+        settings=settings or EngineSettings(),
+        data_dir=data,
+        blobs=blobs,
+    )
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    out: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[rel] = "->" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = path.read_bytes() + (b"+x" if os.access(path, os.X_OK) else b"")
+        else:
+            out[rel] = "dir"
+    return out
+
+
+async def events_of(store: RunStore, run_id: str, kind: str) -> list[Event]:
+    return [e for e in await store.read_events(run_id, 0, 10_000) if e.type == kind]
+
+
+async def keys(blobs: FlakyBlobs, run_id: str) -> list[str]:
+    return sorted(i.key for i in await blobs.list(bank_prefix(run_id)))
+
+
+async def parked(env: LocalEnv, size: int = 4096) -> RunDocument:
+    doc = await run_local(env, workflow("scratch_bank"), {"size": size})
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN, doc
+    return doc
+
+
+def test_host_backed_is_the_local_driver_on_sqlite_with_file_blobs_only() -> None:
+    assert deployment_host_backed("local", "sqlite:////d/runs.db", "file:///d/blobs")
+    assert deployment_host_backed("local", "sqlite:////d/runs.db", None)
+    assert not deployment_host_backed("local", "mongodb://m/db", "file:///d/blobs")
+    assert not deployment_host_backed("local", "sqlite:////d/runs.db", "s3://bucket/p")
+    assert not deployment_host_backed("kubernetes", "sqlite:////d/runs.db", "file:///d/b")
+
+
+async def test_host_backed_is_decided_from_the_opened_store_and_blobs(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    assert not host_backed_of("local", mongo, blobs)
+    sqlite = await SqliteRunStore.open(tmp_path / "runs.db")
+    try:
+        assert host_backed_of("local", sqlite, blobs)
+        assert not host_backed_of("kubernetes", sqlite, blobs)
+    finally:
+        await sqlite.close()
+
+
+async def test_a_parked_run_resumed_on_another_host_finds_its_scratch_byte_for_byte(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    a, b = host(mongo, blobs, tmp_path / "a"), host(mongo, blobs, tmp_path / "b")
+    doc = await parked(a, size=200_000)
+    rec = doc.scratch
+    assert rec is not None and rec.state == "banked" and rec.key is not None
+    assert rec.key == f"runs/{doc.run_id}/scratch/{rec.lease_token}.tgz"
+    assert await keys(blobs, doc.run_id) == [rec.key]
+    [banked] = await events_of(mongo, doc.run_id, "sandbox_scratch_banked")
+    assert banked.data["banked"] and banked.data["bytes"] == rec.bytes > 0
+    assert banked.data["unquiesced"] is False and banked.data["raced"] == []
+    before = tree(tmp_path / "a" / "scratch" / doc.run_id)
+    assert "sub/data.bin" in before and before["link"] == "->sub/data.bin"
+
+    doc = await resume_local(b, doc.run_id, ResumeRequest(answers=KEEP))
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
+    assert tree(tmp_path / "b" / "scratch" / doc.run_id) == before
+    [restored] = await events_of(mongo, doc.run_id, "sandbox_scratch_restored")
+    assert restored.data["restored"] and restored.data["bytes"] == 200_000 + 24
+    doc = await resume_local(a, doc.run_id, ResumeRequest(answers={"ok": True}))
+    assert doc.status is RunStatus.FINISHED
+    assert doc.checkpoint is not None and doc.checkpoint.outputs["read"] == "verified"
+
+
+async def test_a_finished_run_keeps_no_bank(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    doc = await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))
+    assert await keys(blobs, doc.run_id)
+    doc = await resume_local(a, doc.run_id, ResumeRequest(answers={"ok": True}))
+    assert doc.status is RunStatus.FINISHED
+    assert await keys(blobs, doc.run_id) == []
+
+
+async def test_an_empty_scratch_deletes_the_previous_bank(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    assert len(await keys(blobs, doc.run_id)) == 1
+    doc = await resume_local(a, doc.run_id, ResumeRequest(answers=WIPE))
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
+    assert doc.scratch is not None and doc.scratch.state == "empty" and doc.scratch.key is None
+    assert await keys(blobs, doc.run_id) == []
+    last = (await events_of(mongo, doc.run_id, "sandbox_scratch_banked"))[-1]
+    assert last.data["empty"] and not last.data["banked"]
+
+
+async def test_over_the_cap_is_not_stored_and_the_event_says_why_then_a_resume_is_refused(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    a = host(mongo, blobs, tmp_path / "a", EngineSettings(scratch_cap=50_000))
+    doc = await parked(a, size=300_000)
+    assert doc.scratch is not None and doc.scratch.state == "unbankable"
+    assert await keys(blobs, doc.run_id) == [] and blobs.puts == 0
+    [banked] = await events_of(mongo, doc.run_id, "sandbox_scratch_banked")
+    assert not banked.data["banked"] and "cap" in banked.data["reason"]
+    # §7.4: the last teardown recorded a non-empty scratch it could not bank.
+    assert scratch_problem(doc) is not None
+    with pytest.raises(ScratchNotPortable):
+        await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))
+    with pytest.raises(ScratchNotPortable):  # --force alone never accepts a scratch loss (§7.5)
+        await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP, force=True))
+    doc = await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP, accept_scratch_loss=True))
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
+    [restored] = await events_of(mongo, doc.run_id, "sandbox_scratch_restored")
+    assert restored.data["accepted"] and not restored.data["restored"]
+    # the accepted loss started a fresh scratch; this teardown's new record clears `forsaken`
+    assert doc.scratch is not None and doc.scratch.state == "empty"
+    assert not doc.scratch.forsaken
+
+
+async def test_a_lost_lease_banks_nothing(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    held = doc.scratch
+    claimed = await claim_local(a, doc, ResumeRequest(answers=KEEP))
+    assert claimed.lease is not None
+    events = EventLog(mongo, claimed.run_id, claimed.attempt, claimed.lease.token)
+    execution = Execution.claimed(a, claimed, events.__class__ and _cancel(), events)
+    sandbox = await execution.ensure_sandbox()
+    await sandbox.exec('echo changed > "$RUNFLEET_SCRATCH_DIR/new"', timeout_s=10)
+    execution.cancel.cancel(CancelReason.LEASE_LOST)
+    await execution.teardown(Interrupted(CancelReason.LEASE_LOST))
+    after = await mongo.get_run(doc.run_id)
+    assert after.scratch == held
+    assert await keys(blobs, doc.run_id) == [held.key if held else ""]
+
+
+def _cancel() -> Any:
+    from engine.cancel import CancelSignal
+
+    return CancelSignal()
+
+
+async def test_a_file_rewritten_during_the_tar_is_reread_and_the_bank_holds_one_version(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.archive
+    import engine.scratch
+
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    busy = tmp_path / "a" / "scratch" / doc.run_id / "busy.bin"
+    tars: list[ArchiveStats] = []
+    real_read = engine.archive._Exactly.read
+
+    def read_while_rewritten(self: Any, n: int = -1) -> bytes:
+        if not tars and not getattr(read_while_rewritten, "done", False):
+            read_while_rewritten.done = True  # type: ignore[attr-defined]
+            busy.write_bytes(b"\2" * (5 << 20))  # the writer rewrites it under the tar
+        return real_read(self, n)
+
+    def tar_and_note(src: Path, dest: Path, **kw: Any) -> ArchiveStats:
+        stats = make_archive(src, dest, **kw)
+        tars.append(stats)
+        return stats
+
+    monkeypatch.setattr(engine.archive._Exactly, "read", read_while_rewritten)
+    monkeypatch.setattr(engine.scratch, "make_archive", tar_and_note)
+    claimed = await claim_local(a, doc, ResumeRequest(answers=KEEP))
+    assert claimed.lease is not None
+    # the restore empties the scratch and extracts the bank: put the busy file back after it
+    events = EventLog(mongo, claimed.run_id, claimed.attempt, claimed.lease.token)
+    execution = Execution.claimed(a, claimed, _cancel(), events)
+    outcome = await execution.run()
+    assert isinstance(outcome, Paused)
+    await settle(execution.writer, events, outcome)
+    busy.write_bytes(b"\1" * (3 << 20))
+    await execution.teardown(outcome)
+    assert [t.raced for t in tars] == [["busy.bin"], []]
+    rec = (await mongo.get_run(doc.run_id)).scratch
+    assert rec is not None and rec.state == "banked" and rec.raced == [] and rec.key
+    data = await blobs.get_bytes(rec.key)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        member = tar.extractfile("busy.bin")
+        assert member is not None
+        content = member.read()
+    assert content == b"\2" * (5 << 20)  # one version, not a mix
+
+
+async def test_an_upload_failing_twice_then_succeeding_banks_once(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    blobs.put_failures = 2
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    assert blobs.puts == 3
+    assert doc.scratch is not None and doc.scratch.state == "banked"
+    assert await keys(blobs, doc.run_id) == [doc.scratch.key]
+    assert len(await events_of(mongo, doc.run_id, "sandbox_scratch_banked")) == 1
+
+
+async def test_a_stale_bank_is_refused_and_a_rewind_that_drops_the_node_makes_it_acceptable(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    a, b = host(mongo, blobs, tmp_path / "a"), host(mongo, blobs, tmp_path / "b")
+    doc = await parked(a)
+    bank = doc.scratch
+    # The next execution runs the `act` tool node, parks at `ask2`, and dies before its
+    # teardown could bank: the record still names the bank from before `act`.
+    claimed = await claim_local(a, doc, ResumeRequest(answers=WIPE))
+    assert claimed.lease is not None
+    events = EventLog(mongo, claimed.run_id, claimed.attempt, claimed.lease.token)
+    execution = Execution.claimed(a, claimed, _cancel(), events)
+    outcome = await execution.run()
+    await settle(execution.writer, events, outcome)
+    await execution.writer.release()  # no teardown: the crash
+    doc = await mongo.get_run(doc.run_id)
+    assert doc.scratch == bank and scratch_problem(doc) is not None
+    with pytest.raises(ScratchNotPortable, match="moved past"):
+        await resume_local(b, doc.run_id, ResumeRequest(answers={"ok": True}))
+    await rewind(mongo, doc.run_id, "act")
+    doc = await mongo.get_run(doc.run_id)
+    assert scratch_problem(doc) is None
+    doc = await resume_local(b, doc.run_id, ResumeRequest())
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN  # `act` ran again on the restored bank
+    assert (tmp_path / "b" / "scratch" / doc.run_id / "verify.sh").exists() is False  # wiped
+
+
+@pytest.mark.parametrize("evil", ["../x", "/etc/evil"])
+async def test_an_archive_with_a_dotdot_or_absolute_member_is_refused_and_held(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path, evil: str
+) -> None:
+    a, b = host(mongo, blobs, tmp_path / "a"), host(mongo, blobs, tmp_path / "b")
+    doc = await parked(a)
+    rec = doc.scratch
+    assert rec is not None and rec.key is not None
+    bad = io.BytesIO()
+    with tarfile.open(fileobj=bad, mode="w:gz") as tar:
+        info = tarfile.TarInfo(evil)
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    await blobs.put_bytes(rec.key, bad.getvalue())
+    doc = await resume_local(b, doc.run_id, ResumeRequest(answers=KEEP))
+    assert doc.status is RunStatus.FAILED_RESUMABLE
+    assert doc.failure_code == FailureCode.SCRATCH_NOT_PORTABLE
+    assert doc.scratch == rec and await keys(blobs, doc.run_id) == [rec.key]  # held
+    [restored] = await events_of(mongo, doc.run_id, "sandbox_scratch_restored")
+    assert not restored.data["restored"] and "refused" in restored.data["reason"]
+    assert not await asyncio.to_thread(_escaped, tmp_path)
+
+
+def _escaped(tmp_path: Path) -> bool:
+    return (tmp_path / "x").exists() or Path("/etc/evil").exists()
+
+
+async def test_a_bank_that_is_gone_parks_scratch_not_portable(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    a, b = host(mongo, blobs, tmp_path / "a"), host(mongo, blobs, tmp_path / "b")
+    doc = await parked(a)
+    assert doc.scratch is not None and doc.scratch.key is not None
+    await blobs.delete(doc.scratch.key)
+    doc = await resume_local(b, doc.run_id, ResumeRequest(answers=KEEP))
+    assert doc.failure_code == FailureCode.SCRATCH_NOT_PORTABLE
+    assert doc.scratch is not None and doc.scratch.state == "banked"
+
+
+async def test_a_blob_read_failing_mid_restore_is_scratch_restore_failed(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    a, b = host(mongo, blobs, tmp_path / "a"), host(mongo, blobs, tmp_path / "b")
+    doc = await parked(a)
+    rec = doc.scratch
+    blobs.get_fails = True
+    doc = await resume_local(b, doc.run_id, ResumeRequest(answers=KEEP))
+    assert doc.status is RunStatus.FAILED_RESUMABLE
+    assert doc.failure_code == FailureCode.SCRATCH_RESTORE_FAILED
+    assert doc.scratch == rec  # held for the retry
+    blobs.get_fails = False
+    doc = await resume_local(b, doc.run_id, ResumeRequest())
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
