@@ -47,6 +47,8 @@ from store import (
     lease_is_free,
     utcnow,
 )
+from store.config import StoreSettings
+from store.staging import StagingStore
 
 log = logging.getLogger(__name__)
 LOCK = "runfleet-sweeper"
@@ -103,9 +105,17 @@ class PassLock:
 
 
 class Sweeper:
-    def __init__(self, svc: RunnerServices, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        svc: RunnerServices,
+        *,
+        clock: Clock | None = None,
+        upload_ttl: timedelta | None = None,
+    ) -> None:
         self.svc = svc
         self._clock = clock
+        self._upload_ttl = upload_ttl if upload_ttl is not None else StoreSettings().upload_ttl
+        """`RUNFLEET_UPLOAD_TTL`: staged uploads never promoted are reaped after it (§8)."""
 
     def now(self) -> datetime:
         return self._clock() if self._clock is not None else utcnow()
@@ -158,6 +168,10 @@ class Sweeper:
         reaped = await self._reap_sandboxes()
         if reaped:
             report.actions["sandbox_reaped"] += reaped
+        if svc.blobs is not None:  # bytes before record (`StagingStore.reap`)
+            uploads = await StagingStore(svc.store, svc.blobs).reap(self._upload_ttl, self.now())
+            if uploads:
+                report.actions["upload_reaped"] += uploads
         return report
 
     async def _message_gone(self, seq: int | None) -> bool:

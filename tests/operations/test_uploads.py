@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from publisher import WireNames, WireSettings, ensure_streams
 from runner import operations as ops
 from runner.operations import Env
 from runner.operations import uploads as upload_ops
-from store import RunQuery, RunStore
+from store import Eq, RunQuery, RunStatus, RunStore, Update
 from store.blobs_fs import FilesystemBlobStore
 from store.blobs_s3 import S3BlobStore
 from store.config import StoreSettings
@@ -122,7 +123,7 @@ async def test_a_staged_upload_is_invisible_from_another_tenant_and_so_is_a_prom
     staged = await upload_ops.upload(att_env, _file(tmp_path, "a.txt", b"mine"), tenant="acme")
     staging = StagingStore(att_env.store, att_env.blobs)
 
-    with pytest.raises(LaunchFailed, match="upload_not_found|no staged upload"):
+    with pytest.raises(LaunchFailed, match=r"no staged upload"):
         await ops.launch(
             att_env, example("hello.yaml"), {}, tenant="other", attach_uploads={"a": staged.id}
         )
@@ -188,3 +189,24 @@ async def test_a_launch_whose_promotion_fails_queues_nothing(
     assert await stream_messages(nats_conn.js, names) == []
     assert (await att_env.store.list_runs(RunQuery(tenant="default"))).runs == []
     await _nothing_stored(att_env)  # what this launch staged and promoted is removed
+
+
+async def test_gc_deletes_a_settled_runs_attachments(att_env: Env, tmp_path: Path) -> None:
+    run = await ops.launch(
+        att_env,
+        example("hello.yaml"),
+        {},
+        attach_paths={"spec": _file(tmp_path, "spec.txt", b"spec")},
+    )
+    await att_env.store.update_run(
+        run.run_id,
+        [Eq("status", RunStatus.QUEUED), Eq("attempt", 1)],
+        Update(set={"status": RunStatus.CANCELLED}),
+    )
+    assert await att_env.blobs.list(f"runs/{run.run_id}/attachments/") != []
+
+    plan = await ops.plan_gc(att_env, timedelta(seconds=-1))  # a run updated just now counts
+    report = await ops.collect_garbage(att_env, plan)
+
+    assert report.runs == 1
+    assert await att_env.blobs.list(f"runs/{run.run_id}/") == []

@@ -10,7 +10,6 @@ through the blob store.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from store import RunDocument, RunStatus
 from tests.runner.conftest import Fleet, eventually
