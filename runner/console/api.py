@@ -34,6 +34,7 @@ from runner.console.models import (
     TimelineItem,
 )
 from runner.console.routing import Call, Param, Reply, Route, invalid
+from runner.console.uploads_api import UPLOAD_ROUTES, check_uploads
 from runner.operations.retry_wait import waiting_retry
 from store import RunAlreadyExists, RunDocument, RunfleetError, RunNotFound, RunStatus
 from store.settings import DURATION_FORM
@@ -66,14 +67,22 @@ async def launch(call: Call) -> Reply:
     body = call.parsed(LaunchRequest)
     key = call.request.headers.get("Idempotency-Key")
     loaded = load_workflow(body.workflow, body.filename)
-    if key is None:
-        return Reply(RunOut.of(await ops.launch(call.env, loaded, body.vars)), 201)
-    if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX:
-        raise invalid(f"Idempotency-Key: 1 to {IDEMPOTENCY_KEY_MAX} characters")
-    run_id = idempotent_run_id(call.principal.tenant, key)
+    run_id: str | None = None
+    if key is not None:
+        if not 0 < len(key) <= IDEMPOTENCY_KEY_MAX:
+            raise invalid(f"Idempotency-Key: 1 to {IDEMPOTENCY_KEY_MAX} characters")
+        run_id = idempotent_run_id(call.principal.tenant, key)
+        try:  # a retry: its uploads were promoted by the first launch, so look before checking
+            return Reply(RunOut.of(await owned_run(call, run_id)), 200)
+        except RunNotFound:
+            pass
+    await check_uploads(call, body.attachments)
     try:
-        doc = await ops.launch(call.env, loaded, body.vars, run_id=run_id)
-    except RunAlreadyExists:
+        doc = await ops.launch(
+            call.env, loaded, body.vars, run_id=run_id, attach_uploads=body.attachments
+        )
+    except RunAlreadyExists:  # a concurrent retry created it first
+        assert run_id is not None
         return Reply(RunOut.of(await owned_run(call, run_id)), 200)
     return Reply(RunOut.of(doc), 201)
 
@@ -216,7 +225,7 @@ RUN_ROUTES: tuple[Route, ...] = (
         ),
         writes=True,
         status=201,
-        also=(200,),
+        also=(200, 404),
     ),
     Route(
         "GET",
@@ -328,4 +337,4 @@ RUN_ROUTES: tuple[Route, ...] = (
     ),
 )
 
-ROUTES: tuple[Route, ...] = RUN_ROUTES + DLQ_ROUTES
+ROUTES: tuple[Route, ...] = RUN_ROUTES + UPLOAD_ROUTES + DLQ_ROUTES

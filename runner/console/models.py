@@ -125,6 +125,11 @@ class LaunchRequest(_Request):
         default="workflow.yaml", min_length=1, max_length=255, description="named in errors"
     )
     vars: dict[str, Any] = Field(default_factory=dict, description="the workflow's vars")
+    attachments: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=1000,
+        description="attachment name → upload id (POST /api/v1/uploads)",
+    )
 
 
 class BudgetRequest(_Request):
@@ -263,3 +268,17 @@ class ReplayResponse(BaseModel):
 
 class PurgeResponse(BaseModel):
     purged: list[int]
+
+
+# -- uploads --------------------------------------------------------------------------------
+
+
+class UploadFileOut(BaseModel):
+    filename: str
+    bytes: int
+    sha256: str
+
+
+class UploadOut(BaseModel):
+    upload_id: str = Field(description="attach it to a launch: attachments: {name: upload_id}")
+    files: list[UploadFileOut]

@@ -114,6 +114,12 @@ def _operation(route: Route, refs: Refs) -> dict[str, Any]:
     }
     if route.body is not None:
         op["requestBody"] = {"required": True, "content": _json(refs[(route.body, "validation")])}
+    if route.raw_body:
+        binary = {"type": "string", "contentMediaType": "application/octet-stream"}
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": binary}},
+        }
     return op
 
 

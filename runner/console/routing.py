@@ -89,6 +89,8 @@ class Route:
     status: int = 200
     also: tuple[int, ...] = ()
     """Statuses this route can answer besides 200/`status`, 400, 401, 403, 500 and 503."""
+    raw_body: bool = False
+    """The body is the bytes of a file (`application/octet-stream`), read by the handler."""
 
 
 def invalid(message: str, remedy: str | None = None) -> ApiError:

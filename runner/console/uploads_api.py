@@ -1,0 +1,93 @@
+"""Uploads over the HTTP API (SPEC §8, v2.2 §10c): stage a file for a later launch's
+attachments (`POST /api/v1/uploads`), and check a launch's upload ids before it runs.
+
+The bytes are streamed to a temporary file (never held in memory whole, never past the
+per-file limit) and staged through `runner.operations.uploads`, the same path as `runfleet
+upload`; the staging store keeps the upload under the caller's tenant, so another tenant's
+upload id is `upload_not_found` — as one that never existed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from engine.attachments import AttachmentTooLarge
+from runner.console.models import UploadFileOut, UploadOut
+from runner.console.routing import Call, Param, Reply, Route, invalid
+from runner.operations import uploads as upload_ops
+from store.staging import StagedUploadNotFound
+
+CHUNK = 256 * 1024
+FILENAME_MAX = 255
+
+
+def filename_of(raw: str | None) -> str:
+    """The file's name as given (`?filename=`), as a bare name: no directory, no NUL."""
+    name = (raw or "upload").strip()
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise invalid(f"filename: {name[:40]!r} is not a file name", "give a bare file name")
+    if len(name) > FILENAME_MAX:
+        raise invalid(f"filename: longer than {FILENAME_MAX} characters")
+    return name
+
+
+async def upload(call: Call) -> Reply:
+    name = filename_of(call.query_str("filename"))
+    limit = upload_ops.limits(call.env).max_bytes
+    with tempfile.TemporaryDirectory(prefix="runfleet-upload-") as tmp:
+        path = Path(tmp) / name
+        out = await asyncio.to_thread(path.open, "wb")
+        try:
+            total = 0
+            async for chunk in call.request.content.iter_chunked(CHUNK):
+                total += len(chunk)
+                if total > limit:
+                    raise AttachmentTooLarge(f"{name}: more than {limit} bytes")
+                await asyncio.to_thread(out.write, chunk)
+        finally:
+            await asyncio.to_thread(out.close)
+        staged = await upload_ops.upload(call.env, path)
+    return Reply(
+        UploadOut(
+            upload_id=staged.id,
+            files=[
+                UploadFileOut(filename=f.filename, bytes=f.bytes, sha256=f.sha256)
+                for f in staged.files
+            ],
+        ),
+        201,
+    )
+
+
+async def check_uploads(call: Call, attachments: Mapping[str, str]) -> None:
+    """Each upload id a launch attaches is the caller's staged upload: `upload_not_found`
+    before anything is created (else the promotion fails the launch as `launch_failed`)."""
+    for upload_id in attachments.values():
+        if await call.env.store.get_staged_upload(upload_id, call.principal.tenant) is None:
+            raise StagedUploadNotFound(f"no staged upload {upload_id!r}")
+
+
+UPLOAD_ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST",
+        "/api/v1/uploads",
+        "upload",
+        "Stage a file for a launch",
+        upload,
+        UploadOut,
+        params=(
+            Param(
+                "filename",
+                "query",
+                {"type": "string", "minLength": 1, "maxLength": FILENAME_MAX},
+                "the file's name",
+            ),
+        ),
+        writes=True,
+        status=201,
+        raw_body=True,
+    ),
+)
