@@ -181,6 +181,18 @@ class S3BlobStore:
             return None
         return BlobInfo(key=key, size=resp["ContentLength"], modified=_aware(resp))
 
+    async def presigned_url(self, key: str, expires_s: int) -> str:
+        """A time-limited URL that reads `key` (`{{ attachments.x.url }}`, SPEC §8). Signed
+        locally: no request is made, so it works while S3 is unreachable (the read may not)."""
+        s3 = await self._s3()
+        with self._translate("signing", key):
+            url: str = await s3.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": self.bucket, "Key": self.object_key(key)},
+                ExpiresIn=expires_s,
+            )
+        return url
+
     async def delete(self, key: str) -> bool:
         """True if the object existed. S3 deletes are idempotent and say nothing, so this asks
         first: two racing deletes may both answer True."""

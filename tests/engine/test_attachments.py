@@ -268,3 +268,59 @@ def test_template_scope_gives_the_sandbox_path_each_delivery_opens(tmp_path: Pat
     assert host["spec"]["path"] == str(tmp_path / "spec" / "a.pdf")
     assert copy["spec"]["path"] == "/run/runfleet/attachments/spec/a.pdf"
     assert copy["spec"]["url"] == "u" and "url" not in host["spec"]
+
+
+def _fetch(url: str) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        data: bytes = resp.read()
+    return data
+
+
+async def test_attachment_url_renders_a_presigned_s3_url_that_reads_the_bytes(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from engine.templates import render
+    from store.blobs_s3 import S3BlobStore
+    from tests.support.s3server import running_s3_server
+
+    run = RunDocument.model_validate(
+        {
+            "run_id": "r1",
+            "workflow": {"name": "w", "source": "", "source_hash": "0" * 64},
+            "status": "running",
+            "attempt_at": "2026-01-01T00:00:00Z",
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+            "attachments": [
+                {
+                    "name": "spec",
+                    "filename": "spec.bin",
+                    "bytes": len(SPEC_BYTES),
+                    "sha256": hashlib.sha256(SPEC_BYTES).hexdigest(),
+                    "key": "runs/r1/attachments/spec",
+                }
+            ],
+        }
+    )
+    with running_s3_server() as server:
+        blobs = S3BlobStore(
+            await server.new_bucket(),
+            "att",
+            endpoint_url=server.endpoint_url,
+            region=server.region,
+            session=server.session(),
+        )
+        try:
+            await blobs.put_bytes("runs/r1/attachments/spec", SPEC_BYTES)
+            urls = await attachments.signed_urls(blobs, run)
+            scope = attachments.template_scope(run, "copy", tmp_path, in_sandbox=False, urls=urls)
+            url = render("{{ attachments.spec.url }}", {"attachments": scope}, shell=False)
+            assert url.startswith("http") and "Expires" in url
+            assert await asyncio.to_thread(_fetch, url) == SPEC_BYTES
+        finally:
+            await blobs.close()
+    assert await attachments.signed_urls(FilesystemBlobStore(tmp_path), run) == {}
