@@ -34,7 +34,7 @@ from runner.console.models import (
     TimelineItem,
 )
 from runner.console.routing import Call, Param, Reply, Route, invalid
-from runner.console.uploads_api import UPLOAD_ROUTES, check_uploads
+from runner.console.uploads_api import UPLOAD_ROUTES, check_uploads, file_answers
 from runner.operations.retry_wait import waiting_retry
 from store import RunAlreadyExists, RunDocument, RunfleetError, RunNotFound, RunStatus
 from store.settings import DURATION_FORM
@@ -180,7 +180,7 @@ async def resume(call: Call) -> RunOut:
     body = call.parsed(ResumeRequestBody)
     doc = await owned_run(call, call.path("run_id"))
     request = ResumeRequest(
-        answers=body.answers,
+        answers=await file_answers(call, doc, body.answers),
         force=body.force,
         accept_scratch_loss=body.accept_scratch_loss,
         budget=body.budget.to_budget() if body.budget is not None else None,

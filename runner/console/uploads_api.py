@@ -13,11 +13,14 @@ import asyncio
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from engine.attachments import AttachmentTooLarge
+from engine.errors import AnswersInvalid
 from runner.console.models import UploadFileOut, UploadOut
 from runner.console.routing import Call, Param, Reply, Route, invalid
 from runner.operations import uploads as upload_ops
+from store import RunDocument
 from store.staging import StagedUploadNotFound
 
 CHUNK = 256 * 1024
@@ -60,6 +63,46 @@ async def upload(call: Call) -> Reply:
         ),
         201,
     )
+
+
+FILE_ANSWER_FORM = '{"upload": "<id from POST /api/v1/uploads>"}'
+
+
+async def file_answers(call: Call, run: RunDocument, answers: Mapping[str, Any]) -> dict[str, Any]:
+    """The answers with each `file` answer made the queue's form (SPEC §6.4, §8: the staged
+    upload's id, filename, size and digest, read from the caller's own staged upload).
+
+    Over HTTP a file answer is an upload id and nothing else: the operations read a path
+    answer from the local disk (right for `runfleet resume --answer f=@PATH` on the operator's
+    machine), and on a server that would hand a caller any file the server can read."""
+    pending = run.checkpoint.pending_interaction if run.checkpoint else None
+    questions = pending.get("questions", []) if pending else []
+    out = dict(answers)
+    for question in questions:
+        if not isinstance(question, Mapping) or question.get("type") != "file":
+            continue
+        name = str(question.get("name"))
+        if name not in out:
+            continue
+        value = out[name]
+        upload_id = value.get("upload") if isinstance(value, Mapping) else None
+        if not isinstance(upload_id, str) or not upload_id:
+            raise AnswersInvalid(name, f"over the API a file answer is {FILE_ANSWER_FORM}")
+        staged = await call.env.store.get_staged_upload(upload_id, call.principal.tenant)
+        if staged is None:
+            raise StagedUploadNotFound(f"no staged upload {upload_id!r}")
+        if len(staged.files) != 1:
+            raise AnswersInvalid(
+                name, f"upload {upload_id!r} holds {len(staged.files)} files, not 1"
+            )
+        (file,) = staged.files
+        out[name] = {
+            "upload": staged.id,
+            "filename": file.filename,
+            "bytes": file.bytes,
+            "sha256": file.sha256,
+        }
+    return out
 
 
 async def check_uploads(call: Call, attachments: Mapping[str, str]) -> None:

@@ -15,6 +15,7 @@ from tests.console.conftest import OP_A, OP_B, TOKENS, Api
 from tests.publisher.conftest import EXAMPLES
 
 HELLO = (EXAMPLES / "hello.yaml").read_text()
+RUN_RESUME = "/api/v1/runs/{run_id}/resume"
 
 
 async def upload(
@@ -98,3 +99,73 @@ async def test_an_upload_filename_with_a_directory_is_refused(api: Api) -> None:
         "POST", "/api/v1/uploads", params={"filename": "../etc/passwd"}, data=b"x"
     )
     assert status == 400 and body["error"]["code"] == "invalid_request"
+
+
+ASKS_FILE = """\
+name: asks_file
+entry: ask
+nodes:
+  ask:
+    kind: human
+    questions:
+      - name: doc
+        type: file
+  show_doc:
+    kind: tool
+    run: cat {{ attachments.doc.path }}
+    output: text
+edges:
+  - from: ask
+    to: show_doc
+"""
+
+
+async def paused_on_a_file_question(api: Api) -> str:
+    await api.fleet.start_runner()
+    status, run, _ = await api.call("POST", "/api/v1/runs", json={"workflow": ASKS_FILE})
+    assert status == 201
+    await api.fleet.wait_status(run["run_id"], "paused_waiting_human")
+    return str(run["run_id"])
+
+
+async def test_a_file_answer_is_an_upload_id_and_reaches_the_run(api: Api) -> None:
+    run_id = await paused_on_a_file_question(api)
+    staged = await upload(api, b"answered by upload\n", filename="doc.txt")
+
+    status, body, _ = await api.call(
+        "POST",
+        f"/api/v1/runs/{run_id}/resume",
+        json={"answers": {"doc": {"upload": staged["upload_id"]}}},
+        template="/api/v1/runs/{run_id}/resume",
+    )
+
+    assert status == 200, body
+    done = await api.fleet.wait_status(run_id, "finished")
+    assert done.checkpoint is not None
+    assert done.checkpoint.outputs["show_doc"] == "answered by upload"
+
+
+async def test_a_file_answer_naming_a_server_path_is_refused_not_read(api: Api) -> None:
+    """The operations stage a path answer from the local disk (the CLI's `--answer f=@PATH`);
+    over HTTP that disk is the server's, so a path must never be taken as a file answer."""
+    run_id = await paused_on_a_file_question(api)
+    secret = api.fleet.tmp / "server-secret.txt"
+    secret.write_text("not for callers")
+    path = f"/api/v1/runs/{run_id}/resume"
+
+    for answer in (str(secret), f"@{secret}", {"path": str(secret)}):
+        status, body, _ = await api.call(
+            "POST", path, json={"answers": {"doc": answer}}, template=RUN_RESUME
+        )
+        assert status == 422 and body["error"]["code"] == "answers_invalid", answer
+    status, body, _ = await api.call(
+        "POST", path, json={"answers": {"doc": {"upload": "nope"}}}, template=RUN_RESUME
+    )
+    assert status == 404 and body["error"]["code"] == "upload_not_found"
+    other = await upload(api, b"tenant b's", token=OP_B)
+    status, body, _ = await api.call(
+        "POST", path, json={"answers": {"doc": {"upload": other["upload_id"]}}}, template=RUN_RESUME
+    )
+    assert status == 404 and body["error"]["code"] == "upload_not_found"
+    assert (await api.env.store.get_run(run_id)).status == "paused_waiting_human"
+    assert not list((api.fleet.tmp / "blobs").rglob("server-secret.txt"))
