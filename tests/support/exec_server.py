@@ -8,10 +8,10 @@ message, 0 stdin, 1 stdout, 2 stderr, 3 error; v5's `[255, 0]` closes stdin) and
 port; nothing is mocked on the client side.
 
 The pod's filesystem: each pod gets a directory `root/<ns>/<pod>/` (its cwd), and any argument
-naming one of `mounts` (`/workspace`, `/scratch`, `/attachments` by default, the emptyDirs of
-SPEC §7.1), alone or inside a shell script, is rewritten to that directory's copy, so
-`tar -x -C /workspace/x` lands in `root/<ns>/<pod>/workspace/x`. Other absolute paths are the
-host's: it is a test double, not a chroot.
+naming one of `mounts` (`/workspace`, `/scratch`, `/run/runfleet/attachments` by default, the
+emptyDirs of SPEC §7.1, §8), alone or inside a shell script, is rewritten to that directory's
+copy, so `tar -x -C /workspace/x` lands in `root/<ns>/<pod>/workspace/x`. Other absolute
+paths are the host's: it is a test double, not a chroot.
 
 Faults: `delete_pod(ns, pod)` kills the pod's commands (their status says exit 137, as a
 kubelet's would for a deleted pod) and answers later execs with 404; `break_connections(ns,
@@ -83,7 +83,7 @@ class ExecServer:
         root: Path,
         *,
         protocols: Sequence[str] = (PROTOCOL_V5, PROTOCOL_V4),
-        mounts: Sequence[str] = ("/workspace", "/scratch", "/attachments"),
+        mounts: Sequence[str] = ("/workspace", "/scratch", "/run/runfleet/attachments"),
         fallback: Handler | None = None,
     ) -> None:
         self.root = root
