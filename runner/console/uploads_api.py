@@ -17,6 +17,8 @@ from typing import Any
 
 from engine.attachments import AttachmentTooLarge
 from engine.errors import AnswersInvalid
+from engine.loader import load_stored_workflow
+from engine.workflow import HumanNode
 from runner.console.models import UploadFileOut, UploadOut
 from runner.console.routing import Call, Param, Reply, Route, invalid
 from runner.operations import uploads as upload_ops
@@ -68,6 +70,19 @@ async def upload(call: Call) -> Reply:
 FILE_ANSWER_FORM = '{"upload": "<id from POST /api/v1/uploads>"}'
 
 
+def file_questions(run: RunDocument) -> list[str]:
+    """The `file` questions of the node the run waits at, read as the operations read them
+    (`uploads.stage_file_answers`: the run's stored workflow, the pending node)."""
+    pending = run.checkpoint.pending_interaction if run.checkpoint else None
+    if not pending:
+        return []
+    workflow = load_stored_workflow(run.workflow.source, f"run {run.run_id}").workflow
+    node = workflow.nodes.get(str(pending.get("node")))
+    if not isinstance(node, HumanNode):
+        return []
+    return [q.name for q in node.questions if q.type == "file"]
+
+
 async def file_answers(call: Call, run: RunDocument, answers: Mapping[str, Any]) -> dict[str, Any]:
     """The answers with each `file` answer made the queue's form (SPEC §6.4, §8: the staged
     upload's id, filename, size and digest, read from the caller's own staged upload).
@@ -75,13 +90,8 @@ async def file_answers(call: Call, run: RunDocument, answers: Mapping[str, Any])
     Over HTTP a file answer is an upload id and nothing else: the operations read a path
     answer from the local disk (right for `runfleet resume --answer f=@PATH` on the operator's
     machine), and on a server that would hand a caller any file the server can read."""
-    pending = run.checkpoint.pending_interaction if run.checkpoint else None
-    questions = pending.get("questions", []) if pending else []
     out = dict(answers)
-    for question in questions:
-        if not isinstance(question, Mapping) or question.get("type") != "file":
-            continue
-        name = str(question.get("name"))
+    for name in file_questions(run):
         if name not in out:
             continue
         value = out[name]
