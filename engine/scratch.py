@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -39,7 +40,17 @@ from engine.outcome import Failed
 from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import Sandbox
 from engine.workflow import SANDBOX_KINDS
-from store import BlobNotFound, BlobStore, Checkpoint, RunStore, ScratchRecord, StoreError, utcnow
+from store import (
+    BlobNotFound,
+    BlobStore,
+    Checkpoint,
+    RunNotFound,
+    RunStore,
+    ScratchRecord,
+    StoreError,
+    lease_is_free,
+    utcnow,
+)
 
 __all__ = [
     "BANK_GZIP_LEVEL",
@@ -52,6 +63,7 @@ __all__ = [
     "host_backed_of",
     "moved_past",
     "sweep_bank_keys",
+    "sweep_orphan_banks",
 ]
 
 BANK_GZIP_LEVEL = 1
@@ -123,6 +135,31 @@ async def sweep_bank_keys(blobs: BlobStore, run_id: str, keep: str | None) -> li
     for info in await blobs.list(bank_prefix(run_id)):
         if info.key != keep and await blobs.delete(info.key):
             deleted.append(info.key)
+    return deleted
+
+
+async def sweep_orphan_banks(store: RunStore, blobs: BlobStore, skew: timedelta) -> int:
+    """§7.3 cleanup (the sweeper and `gc`): for every run with bank keys and no live lease,
+    delete the keys its record does not name (an upload whose record never landed, a writer
+    that died before its own sweep; every key of a run that no longer exists)."""
+    runs: dict[str, list[str]] = {}
+    for info in await blobs.list("runs/"):
+        parts = info.key.split("/")
+        if len(parts) == 4 and parts[2] == "scratch":
+            runs.setdefault(parts[1], []).append(info.key)
+    deleted = 0
+    for run_id, keys in runs.items():
+        try:
+            run = await store.get_run(run_id)
+        except RunNotFound:
+            keep = None
+        else:
+            if not lease_is_free(run, utcnow(), skew):
+                continue  # its execution banks and sweeps for itself
+            keep = run.scratch.key if run.scratch is not None else None
+        for key in keys:
+            if key != keep and await blobs.delete(key):
+                deleted += 1
     return deleted
 
 

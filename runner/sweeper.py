@@ -28,6 +28,7 @@ from nats.js.errors import NotFoundError
 
 from engine.failures import FailureCode, is_auto_resumable
 from engine.sandbox.errors import SandboxError
+from engine.scratch import sweep_orphan_banks
 from publisher.dlq import DlqRecord
 from publisher.errors import DuplicatePublication, PublishFailed, RecordNotFound
 from runner.services import RunnerServices
@@ -172,6 +173,9 @@ class Sweeper:
             uploads = await StagingStore(svc.store, svc.blobs).reap(self._upload_ttl, self.now())
             if uploads:
                 report.actions["upload_reaped"] += uploads
+            banks = await sweep_orphan_banks(svc.store, svc.blobs, svc.skew)  # §7.3
+            if banks:
+                report.actions["scratch_bank_reaped"] += banks
         return report
 
     async def _message_gone(self, seq: int | None) -> bool:

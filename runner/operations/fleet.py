@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from engine.scratch import sweep_orphan_banks
 from publisher.config import WireSettings
 from publisher.connection import connect
 from publisher.nats_errors import nats_boundary
@@ -92,6 +93,8 @@ async def collect_garbage(env: Env, plan: GcPlan) -> GcReport:
         for blob in await env.blobs.list(f"runs/{run_id}/"):
             await env.blobs.delete(blob.key)
         await env.store.delete_run(run_id)
+    skew = env.engine.lease_timing().skew
+    await sweep_orphan_banks(env.store, env.blobs, skew)  # SPEC §7.3: keys no record names
     uploads = await StagingStore(env.store, env.blobs).reap(plan.age, utcnow())
     removed = 0
     dlq_error: RunfleetError | None = None

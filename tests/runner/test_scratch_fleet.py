@@ -44,8 +44,12 @@ class BankFleet(Fleet):
             driver=LocalSandboxDriver(data),
             data_dir=data,
             blobs=self.blobs,
-            settings=RunnerSettings(
-                slots=2, http_host="127.0.0.1", transient_delay="0.2s", lagging_delay="0.2s"
+            settings=RunnerSettings(  # no sweeper loop: a test sweeps when it means to
+                slots=2,
+                http_host="127.0.0.1",
+                transient_delay="0.2s",
+                lagging_delay="0.2s",
+                sweeper=False,
             ),
             engine=engine or self.engine,
             wire=self.wire,
@@ -235,3 +239,35 @@ def test_admission_refuses_a_bank_a_sandbox_node_moved_past_unless_a_rewind_drop
         restart_node="c", progress=5, completed=["t", "c"], sandbox_done={"t": 2}
     )
     assert decide(compute_only) == Claim("adoption")
+
+
+async def test_the_sweeper_deletes_bank_keys_no_record_names_for_runs_with_no_live_lease(
+    bank_fleet: BankFleet,
+) -> None:
+    from datetime import timedelta
+
+    from runner.sweeper import Sweeper
+    from store import Lease, utcnow
+
+    fleet = bank_fleet
+    a = await fleet.runner_on("host-a")
+    run_id = await fleet.launch_bank()
+    doc = await fleet.wait_status(run_id, RunStatus.PAUSED_WAITING_HUMAN)
+    assert doc.scratch is not None and doc.scratch.key is not None
+    named = doc.scratch.key
+    orphan = f"runs/{run_id}/scratch/died-before-its-record.tgz"
+    gone = "runs/no-such-run/scratch/t.tgz"
+    for key in (orphan, gone):
+        await fleet.blobs.put_bytes(key, b"x")
+    assert a.svc is not None
+    report = await Sweeper(a.svc).sweep_once(force=True)
+    assert report.actions["scratch_bank_reaped"] == 2
+    left = sorted(i.key for i in await fleet.blobs.list("runs/"))
+    assert named in left and orphan not in left and gone not in left
+    # A run whose lease is live banks and sweeps for itself: its keys are left alone.
+    live = Lease(owner="x", token="t", attempt=1, expires_at=utcnow() + timedelta(minutes=1))
+    await fleet.store.update_run(run_id, [], Update(set={"lease": live.model_dump()}))
+    await fleet.blobs.put_bytes(orphan, b"x")
+    report = await Sweeper(a.svc).sweep_once(force=True)
+    assert report.actions["scratch_bank_reaped"] == 0
+    assert await fleet.blobs.stat(orphan) is not None
