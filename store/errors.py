@@ -15,6 +15,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     │   ├── InvalidStoreUrl                     invalid_store_url
     │   ├── DocumentInvalid                     document_invalid
     │   ├── RunAlreadyExists                    run_exists
+    │   ├── UploadAlreadyExists                 upload_exists
     │   ├── IllegalTransition                   illegal_transition
     │   ├── UnwritablePath                      unwritable_path
     │   ├── BlobNotFound                        blob_not_found
@@ -170,6 +171,10 @@ class DocumentInvalid(StoreError, code="document_invalid"):
 
 class RunAlreadyExists(StoreError, code="run_exists"):
     """A create-only write met an existing id."""
+
+
+class UploadAlreadyExists(StoreError, code="upload_exists"):
+    """A staged upload's record met an existing id: the same typed error on every store."""
 
 
 class RunNotFound(Refusal, code="run_not_found"):

@@ -11,7 +11,7 @@ from pymongo.errors import DuplicateKeyError
 
 from store.cas import to_storage
 from store.codec import decode, encode
-from store.errors import RunAlreadyExists
+from store.errors import UploadAlreadyExists
 from store.models import Interaction, InteractionStatus, LockRecord, StagedUpload
 from store.mongo.connection import Doc, MongoConnection
 from store.timeutil import to_ms
@@ -84,7 +84,7 @@ class MongoRecords(MongoConnection):
     async def put_staged_upload(self, record: StagedUpload) -> None:
         doc = {**encode(record), "_id": record.id}
         if not await self._insert("put staged upload", self._staged, doc):
-            raise RunAlreadyExists(f"staged upload {record.id!r} already exists")
+            raise UploadAlreadyExists(f"staged upload {record.id!r} already exists")
 
     async def get_staged_upload(self, upload_id: str, tenant: str) -> StagedUpload | None:
         flt = {"_id": upload_id, "tenant": tenant}

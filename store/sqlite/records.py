@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from store.codec import decode, encode
-from store.errors import StoreError
+from store.errors import UploadAlreadyExists
 from store.models import Interaction, InteractionStatus, StagedUpload
 from store.sqlite.connection import SqliteConnection
 from store.sqlite.schema import dumps, loads
@@ -102,7 +102,7 @@ class SqliteRecords(SqliteConnection):
                     (record.id, record.tenant, to_ms(record.created_at), dumps(encode(record))),
                 )
             except sqlite3.IntegrityError as exc:
-                raise StoreError(f"staged upload {record.id!r} already exists") from exc
+                raise UploadAlreadyExists(f"staged upload {record.id!r} already exists") from exc
 
         await self._write(put)
 
