@@ -95,3 +95,32 @@ async def test_a_file_answer_given_with_at_path_is_read_by_a_runner_in_another_p
     assert held["doc"].filename == "answer.txt"
     assert held["doc"].key == f"runs/{run_id}/attachments/doc"
     assert await fleet.blobs.list("uploads/") == []  # the staged answer was promoted
+
+
+async def test_runfleet_upload_prints_an_id_a_launch_attaches_and_a_bad_name_is_refused_exit_3(
+    fleet: Fleet,
+) -> None:
+    source = fleet.tmp / "wf.yaml"
+    source.write_text(WORKFLOW)
+    spec = fleet.tmp / "spec.txt"
+    spec.write_text("uploaded spec\n")
+
+    uploaded = await run_cli(fleet, "upload", str(spec), "--json")
+    assert uploaded.returncode == 0, uploaded.stderr
+    upload = json.loads(uploaded.stdout)
+    assert upload["files"] == [
+        {"filename": "spec.txt", "bytes": 14, "sha256": upload["files"][0]["sha256"]}
+    ]
+    plain = await run_cli(fleet, "upload", str(spec))
+    assert plain.returncode == 0 and len(plain.stdout.strip()) == 32
+
+    launched = await run_cli(
+        fleet, "launch", str(source), "--attach", f"spec=upload:{upload['upload_id']}", "--json"
+    )
+    assert launched.returncode == 0, launched.stderr
+    (held,) = json.loads(launched.stdout)["attachments"]
+    assert (held["name"], held["filename"], held["bytes"]) == ("spec", "spec.txt", 14)
+
+    refused = await run_cli(fleet, "launch", str(source), "--attach", f"Spec={spec}", "--json")
+    assert refused.returncode == 3, refused.stderr
+    assert json.loads(refused.stdout)["error"]["code"] == "attachment_name_invalid"
