@@ -11,10 +11,7 @@ that names a run first reads it through `owned_run`, and another tenant's run is
 
 from __future__ import annotations
 
-import json
 import uuid
-
-from aiohttp import web
 
 from engine.loader import load_workflow
 from engine.resume import ResumeRequest
@@ -33,10 +30,11 @@ from runner.console.models import (
     Timeline,
     TimelineItem,
 )
-from runner.console.routing import Call, Param, Reply, Route, invalid
+from runner.console.routing import Call, Param, Reply, Route, invalid, owned_run
+from runner.console.sse import stream
 from runner.console.uploads_api import UPLOAD_ROUTES, check_uploads, file_answers
 from runner.operations.retry_wait import waiting_retry
-from store import RunAlreadyExists, RunDocument, RunfleetError, RunNotFound, RunStatus
+from store import RunAlreadyExists, RunNotFound, RunStatus
 from store.settings import DURATION_FORM
 from store.timeutil import parse_duration
 
@@ -52,15 +50,6 @@ def idempotent_run_id(tenant: str, key: str) -> str:
     (`RunAlreadyExists`) instead of queueing a second. The tenant is part of the name: two
     tenants using the same key get two runs."""
     return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}\n{key}"))
-
-
-async def owned_run(call: Call, given: str) -> RunDocument:
-    """The caller's run `given` names (its id or a unique prefix): another tenant's is not
-    found."""
-    doc = await ops.get_run(call.env, given)
-    if doc.tenant != call.principal.tenant:
-        raise RunNotFound(f"no run {given!r}")
-    return doc
 
 
 async def launch(call: Call) -> Reply:
@@ -136,44 +125,6 @@ async def timeline(call: Call) -> Timeline:
         for entry in batch
     ]
     return Timeline(entries=entries)
-
-
-def _sse(data: str, event: str | None = None, event_id: int | None = None) -> bytes:
-    head = (f"id: {event_id}\n" if event_id is not None else "") + (
-        f"event: {event}\n" if event else ""
-    )
-    return f"{head}data: {data}\n\n".encode()
-
-
-async def stream(call: Call) -> web.StreamResponse:
-    """Server-sent events: each event as a `message` (its seq as the SSE id, so a reconnecting
-    client's `Last-Event-ID` resumes after it), then one `end` with the run as it stopped
-    moving (settled, or waiting for a person or an operator). A failure once the stream has
-    begun is an `error` event with the usual error body."""
-    doc = await owned_run(call, call.path("run_id"))
-    last_id = call.request.headers.get("Last-Event-ID")
-    after = call.query_int("after", 0, 0, MAX_SEQ)
-    if last_id is not None and last_id.isdigit() and int(last_id) <= MAX_SEQ:
-        after = max(after, int(last_id))
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(call.request)
-    try:
-        try:
-            async for batch in ops.event_batches(call.env, doc.run_id, after=after, follow=True):
-                for event in batch:
-                    await response.write(
-                        _sse(EventOut.of(event).model_dump_json(), None, event.seq)
-                    )
-            final = RunOut.of(await ops.get_run(call.env, doc.run_id))
-            await response.write(_sse(final.model_dump_json(), "end"))
-        except RunfleetError as exc:
-            await response.write(_sse(json.dumps({"error": exc.to_dict()}), "error"))
-        await response.write_eof()
-    except ConnectionResetError:
-        pass  # the client left: nothing to tell it
-    return response
 
 
 async def resume(call: Call) -> RunOut:

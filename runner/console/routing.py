@@ -17,9 +17,11 @@ from typing import Any, Literal, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from runner import operations as ops
 from runner.console.auth import Principal
 from runner.console.errors import ApiError
 from runner.operations import Env
+from store import RunDocument, RunNotFound
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -160,3 +162,12 @@ def endpoint(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
         )
 
     return handle
+
+
+async def owned_run(call: Call, given: str) -> RunDocument:
+    """The caller's run `given` names (its id or a unique prefix): another tenant's is not
+    found."""
+    doc = await ops.get_run(call.env, given)
+    if doc.tenant != call.principal.tenant:
+        raise RunNotFound(f"no run {given!r}")
+    return doc

@@ -3,9 +3,13 @@ operation it calls returns, shaped as `/openapi.json` says (`Api.call` validates
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import pytest
+
+from runner.console import sse
 from runner.console.api import idempotent_run_id
 from store import RunStatus
 from tests.console.conftest import Api
@@ -144,3 +148,30 @@ async def test_an_unknown_run_is_404_run_not_found(api: Api) -> None:
     status, body, _ = await api.call("GET", "/api/v1/runs/no-such-run", template=RUN)
     assert status == 404
     assert body["error"]["code"] == "run_not_found" and body["error"]["remedy"]
+
+
+async def test_the_stream_keeps_a_quiet_run_alive_and_ends_when_it_stops_moving(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sse, "KEEPALIVE_S", 0.1)
+    run = await launch(api)  # no runner: it stays queued, and quiet
+    auth = {"Authorization": "Bearer token-operate-a"}
+    resp = await api.client.get(f"/api/v1/runs/{run['run_id']}/events/stream", headers=auth)
+    lines: list[bytes] = []
+
+    async def until(marker: bytes) -> None:
+        while marker not in lines:
+            line = await asyncio.wait_for(resp.content.readline(), 10)
+            assert line, f"the stream ended before {marker!r}: {lines}"
+            lines.append(line.strip())
+
+    await until(b": keep-alive")
+    status, _, _ = await api.call(
+        "POST", f"/api/v1/runs/{run['run_id']}/cancel", template=RUN + "/cancel"
+    )
+    assert status == 200
+    await until(b"event: end")
+    end = json.loads((await resp.content.readline()).decode().removeprefix("data: "))
+    assert end["status"] == "cancelled"
+    seqs = [json.loads(x.decode()[6:])["seq"] for x in lines if x.startswith(b"data: ")]
+    assert seqs == sorted(seqs) and len(seqs) >= 2  # launched, queued (, cancelled)
