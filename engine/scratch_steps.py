@@ -101,6 +101,10 @@ def _fresh(execution: Execution) -> None:
 async def teardown_scratch(execution: Execution, outcome: Outcome | None) -> None:
     """§7.3 at teardown: a finished run drops its bank; a lost lease, a held bank or a sandbox
     that never ran banks nothing; otherwise the scratch is banked within the bank budget."""
+    if execution.sandbox is None and not isinstance(outcome, Finished):
+        # Nothing ran in a sandbox: the last bank still stands. Checked first, so a teardown
+        # after an error under the held lease (a workflow that no longer loads) reads nothing.
+        return
     if not banks(execution) or execution.writer.lost:
         return
     if isinstance(outcome, Interrupted) and outcome.reason is CancelReason.LEASE_LOST:

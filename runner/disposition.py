@@ -63,9 +63,14 @@ async def dispose_outcome(
     if plan.action == "handoff":
         return await _handoff(svc, delivery, execution, events)
     try:
-        await execution.writer.release()
+        released = await execution.writer.release()
     except Exception as exc:  # noqa: BLE001 - the disposition must still go
         log.warning("run %s: release failed (%r); the lease expires", execution.run_id, exc)
+    else:
+        if released is None:
+            # The lease was no longer ours to release: an adopter holds the run, and this
+            # delivery's sequence is now its work. Fenced: no disposition (SPEC §5.4).
+            return Plan("none", reason="lease_lost")
     try:
         if plan.action == "nak":
             await delivery.nak(plan.delay)

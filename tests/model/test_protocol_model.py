@@ -284,11 +284,7 @@ NODE_RESULTS = ["ok"] * 8 + ["ask", "no", "transient", "infra", "permanent", "am
 SCRATCH = [None, "unbankable", "banked", "empty"]
 
 STORE_REFUSED_THEN_TAKEN_OVER = "disposition_after_lease_loss:after_store_error"
-KNOWN: dict[str, str] = {
-    STORE_REFUSED_THEN_TAKEN_OVER: "a status write the store refused, by an execution whose"
-    " lease an adopter had taken meanwhile, still naks the adopter's message"
-    " (runner/disposition.py dispose_outcome ignores release()'s conflict)",
-}
+KNOWN: dict[str, str] = {}
 """Violations of the product the model found and that are still open, by kind, with the test
 that replays each (a strict xfail). The machine counts them instead of failing, so it keeps
 exploring everything else; a replay reports them."""
@@ -2055,7 +2051,6 @@ def test_a_drained_execution_that_lost_its_lease_sends_no_disposition() -> None:
     _replay("disposition_after_lease_loss:handoff", scenario)
 
 
-@pytest.mark.xfail(raises=KnownBugSeen, strict=True, reason=KNOWN[STORE_REFUSED_THEN_TAKEN_OVER])
 def test_an_execution_whose_status_the_store_refused_sends_no_disposition_after_a_takeover() -> (
     None
 ):
@@ -2064,8 +2059,9 @@ def test_an_execution_whose_status_the_store_refused_sends_no_disposition_after_
     execution's status write then meets a store error. `dispose_outcome` turns that into a
     nak, tears down, calls `release()` — which finds the lease gone (a CAS conflict, returned
     as None) — and sends the nak anyway: on the same stream sequence the adopter is working on
-    (SPEC §5.4: a runner that learns it lost the lease sends no disposition). Open: a
-    suggested fix is to return `Plan("none", "lease_lost")` when `release()` returns None."""
+    (SPEC §5.4: a runner that learns it lost the lease sends no disposition). Fixed in
+    `runner/disposition.py` `dispose_outcome`: a release that finds the lease gone ends the
+    delivery with no disposition."""
 
     def scenario(m: ProtocolModel) -> None:
         m.fetch(0, 0, False)
