@@ -90,6 +90,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from engine.attachments import AttachmentLimits, promote_for_launch
 from engine.loader import load_workflow
 from engine.local import new_run_id
 from engine.resume import ResumeRequest
@@ -101,6 +102,7 @@ from runner.localnats import NatsServer
 from store import RunDocument, RunfleetError, RunQuery, RunStatus, StoreError, utcnow
 from store.blobs_fs import FilesystemBlobStore
 from store.sqlite import SqliteRunStore
+from store.staging import StagingStore
 from tests.soak_hostile import hostile_bodies
 from tests.soak_seam import SEAM_ENV, PostEngineSeam
 from tests.support.nats_cluster import leader_other_than
@@ -196,7 +198,13 @@ vars:
 nodes:
   prepare:
     kind: tool
-    run: {json.dumps(_LINE.format(node="prepare", target="{{ vars.ledger }}"))}
+    # The run's attachment must be readable here, wherever a kill moved the run (SPEC §13.11).
+    run: {
+    json.dumps(
+        "test -s {{ attachments.seed.path }} && "
+        + _LINE.format(node="prepare", target="{{ vars.ledger }}")
+    )
+}
   flaky:
     kind: tool
     retry:
@@ -470,6 +478,7 @@ class Soak:
         )
         self.loaded = load_workflow(WORKFLOW, "soak.yaml")
         self.workflow_file = self.root / "soak.yaml"
+        self.seed_file = self.root / "seed.txt"
         self.started = time.monotonic()
         self.stop = asyncio.Event()
         self.chaos_done = asyncio.Event()
@@ -552,6 +561,7 @@ class Soak:
         for path in (self.data, self.logs):
             path.mkdir(parents=True, exist_ok=True)
         self.workflow_file.write_text(WORKFLOW)
+        self.seed_file.write_text("the soak's attachment\n")
         await asyncio.to_thread(self.server.start)
         wire = self.wire()
         self.nc = await nats.connect(
@@ -702,7 +712,19 @@ class Soak:
                 "work_s": round(self.rng.uniform(1.0, 3.0), 2),
             }
             try:
-                await self.publisher.launch(self.loaded, inputs, tenant=TENANT, run_id=run_id)
+                assert self.blobs is not None
+                files = await promote_for_launch(
+                    StagingStore(self.publisher.store, self.blobs),
+                    self.blobs,
+                    TENANT,
+                    run_id,
+                    paths={"seed": self.seed_file},
+                    uploads={},
+                    limits=AttachmentLimits(),
+                )
+                await self.publisher.launch(
+                    self.loaded, inputs, tenant=TENANT, run_id=run_id, attachments=files
+                )
             except (RunfleetError, OSError) as exc:
                 # The caller was told. A launch whose publish failed ends `failed
                 # LAUNCH_FAILED` (SPEC §4): not a run to finish, launch another. A run that
