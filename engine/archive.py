@@ -21,6 +21,7 @@ Both take a `cap_bytes` on the *compressed* archive: that is what is stored and 
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import stat
 import tarfile
@@ -179,8 +180,10 @@ def make_archive(
                     compresslevel=level,
                     mtime=0,
                 ) as gz,
-                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+                io.BufferedWriter(gz, _CHUNK) as buffered,  # few, large compress() calls
+                tarfile.open(fileobj=buffered, mode="w", format=tarfile.GNU_FORMAT) as tar,
             ):
+                tar.copybufsize = _CHUNK  # type: ignore[attr-defined]
                 _walk(tar, src_dir, stats)
     except BaseException:
         dest.unlink(missing_ok=True)
