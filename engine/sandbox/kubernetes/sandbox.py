@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import shlex
-import tarfile
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kubernetes.aio.client import CoreV1Api
 
+from engine.archive import ArchiveError, make_archive
 from engine.sandbox.errors import SandboxCopyFailed, SandboxError, SandboxLost
 from engine.sandbox.kubernetes import exec as pod_exec
 from engine.sandbox.kubernetes.pod import CONTAINER, SCRATCH, WORKSPACE
@@ -50,18 +50,14 @@ def sandbox_path(path: str | Path) -> str:
 
 @contextlib.asynccontextmanager
 async def pack_dir(directory: Path) -> AsyncIterator[Path]:
-    """`directory` as a plain tar in a host temp file (members relative to it), removed after."""
+    """`directory` as a gzip tar in a host temp file (members relative to it, modes kept: the
+    attachments stay read-only), removed after. Made by the one archive module
+    (`engine.archive`, STYLE.md), at gzip level 1: a seed is copied once, over the exec stream."""
     with tempfile.TemporaryDirectory(prefix="runfleet-seed-") as tmp:
-        tar_path = Path(tmp) / "seed.tar"
-
-        def pack() -> None:
-            with tarfile.open(tar_path, "w") as tar:
-                for child in sorted(directory.iterdir()):
-                    tar.add(child, arcname=child.name)
-
+        tar_path = Path(tmp) / "seed.tgz"
         try:
-            await asyncio.to_thread(pack)
-        except OSError as exc:
+            await asyncio.to_thread(make_archive, directory, tar_path, level=1)
+        except (OSError, ArchiveError) as exc:
             raise SandboxCopyFailed(f"cannot pack {directory}: {exc}") from exc
         yield tar_path
 
