@@ -12,16 +12,45 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
+from engine.config import EngineSettings
+from engine.events import EventLog
+from engine.fencing import FencedWriter
 from engine.outcome import CancelReason, Failed, Finished, Interrupted, Outcome
 from engine.sandbox.errors import SandboxError
-from engine.sandbox.protocols import SandboxCapabilities
+from engine.sandbox.protocols import Sandbox, SandboxCapabilities, SandboxDriver
 from engine.scratch import ScratchBank, moved_past
-from store import Checkpoint
+from engine.workflow import Workflow
+from store import BlobStore, Checkpoint, RunDocument
 
-if TYPE_CHECKING:
-    from engine.execution import Execution
+
+class Execution(Protocol):
+    """What the two steps read of `engine.execution.Execution` (which imports this module, so
+    the arrow points one way)."""
+
+    run_id: str
+    token: str
+    run_doc: RunDocument
+    blobs: BlobStore | None
+    checkpoint: Checkpoint
+    driver: SandboxDriver
+    events: EventLog
+    host_backed: bool
+    scratch: Path
+    scratch_held: bool
+    settings: EngineSettings
+    writer: FencedWriter
+
+    @property
+    def workflow(self) -> Workflow: ...
+
+    @property
+    def sandbox(self) -> Sandbox | None: ...
+
+    async def ensure_sandbox(self) -> Sandbox: ...
+
 
 __all__ = ["banks", "restore_scratch", "teardown_scratch"]
 

@@ -137,7 +137,9 @@ async def test_cli_streams_ensure_is_idempotent(
     first = await runfleet("streams", "ensure", "--json", env=env, cwd=tmp_path)
     second = await runfleet("streams", "ensure", "--json", env=env, cwd=tmp_path)
     assert (first.code, second.code) == (0, 0), first.stderr + second.stderr
-    assert len(first.json()["created"]) == 5
+    assert (
+        len(first.json()["created"]) == 6
+    )  # runs, its consumer, advisories, backstop, DLQ, deliveries
     assert second.json() == {"created": [], "updated": []}
 
 

@@ -16,7 +16,7 @@ import shlex
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kubernetes.aio.client import CoreV1Api
 
@@ -24,15 +24,25 @@ from engine.archive import ArchiveError, make_archive
 from engine.sandbox.errors import SandboxCopyFailed, SandboxError, SandboxLost
 from engine.sandbox.kubernetes import exec as pod_exec
 from engine.sandbox.kubernetes.pod import CONTAINER, SCRATCH, WORKSPACE
+from engine.sandbox.kubernetes.settings import KubernetesSettings
 from engine.sandbox.kubernetes.watch import PodWatch
 from engine.sandbox.protocols import ExecResult, OutputCallback
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
-    from engine.sandbox.kubernetes.driver import KubernetesSandboxDriver
+__all__ = ["KubernetesSandbox", "PodOwner", "pack_dir", "sandbox_path"]
 
-__all__ = ["KubernetesSandbox", "pack_dir", "sandbox_path"]
+
+class PodOwner(Protocol):
+    """What a sandbox needs of the driver that started it (the driver imports this module,
+    so the arrow points one way)."""
+
+    @property
+    def settings(self) -> KubernetesSettings: ...
+
+    async def delete_pod(self, api: CoreV1Api, name: str, uid: str | None) -> bool: ...
+
 
 T = TypeVar("T")
 LOSS_SETTLE_S = 2.0
@@ -65,7 +75,7 @@ async def pack_dir(directory: Path) -> AsyncIterator[Path]:
 class KubernetesSandbox:
     def __init__(
         self,
-        driver: KubernetesSandboxDriver,
+        driver: PodOwner,
         api: CoreV1Api,
         name: str,
         uid: str,
