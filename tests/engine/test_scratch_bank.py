@@ -28,7 +28,7 @@ from engine.rewind import rewind
 from engine.sandbox.local import LocalSandboxDriver
 from engine.scratch import bank_prefix, deployment_host_backed, host_backed_of
 from engine.settle import settle
-from store import BlobInfo, Event, RunDocument, RunStatus, RunStore, StoreUnavailable
+from store import BlobInfo, Event, RunDocument, RunStatus, RunStore, StoreUnavailable, Update
 from store.blobs_fs import FilesystemBlobStore
 from store.mongo import MongoRunStore
 from store.sqlite import SqliteRunStore
@@ -376,3 +376,53 @@ async def test_a_blob_read_failing_mid_restore_is_scratch_restore_failed(
     blobs.get_fails = False
     doc = await resume_local(b, doc.run_id, ResumeRequest())
     assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
+
+
+async def test_a_kill_between_upload_and_record_never_restores_a_stale_bank_silently(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.scratch
+
+    a, b = host(mongo, blobs, tmp_path / "a"), host(mongo, blobs, tmp_path / "b")
+    doc = await parked(a)
+    first = doc.scratch
+    assert first is not None
+
+    async def killed(self: Any, result: Any, progress: int) -> None:
+        raise asyncio.CancelledError  # the runner dies after the upload, before the record
+
+    monkeypatch.setattr(engine.scratch.ScratchBank, "_record", killed)
+    with pytest.raises(asyncio.CancelledError):
+        await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))  # runs `act`, parks
+    monkeypatch.undo()
+    doc = await mongo.get_run(doc.run_id)
+    assert doc.scratch == first and len(await keys(blobs, doc.run_id)) == 2
+    # `act` finished after the bank the record names: refused, never restored silently.
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN  # the status was written before
+    await mongo.update_run(doc.run_id, [], Update(unset=["lease"]))  # the lease expired
+    doc = await mongo.get_run(doc.run_id)
+    with pytest.raises(ScratchNotPortable, match="moved past"):
+        await resume_local(b, doc.run_id, ResumeRequest(answers={"ok": True}))
+
+
+async def test_a_kill_during_restore_holds_the_bank_for_the_next_resume(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = host(mongo, blobs, tmp_path / "a"), host(mongo, blobs, tmp_path / "b")
+    doc = await parked(a)
+    rec = doc.scratch
+    before = tree(tmp_path / "a" / "scratch" / doc.run_id)
+
+    async def killed(self: Any, key: str, path: Path) -> BlobInfo:
+        raise asyncio.CancelledError  # the runner dies mid-restore
+
+    monkeypatch.setattr(FlakyBlobs, "get_to_file", killed)
+    with pytest.raises(asyncio.CancelledError):
+        await resume_local(b, doc.run_id, ResumeRequest(answers=KEEP))
+    monkeypatch.undo()
+    doc = await mongo.get_run(doc.run_id)
+    assert doc.scratch == rec and await keys(blobs, doc.run_id) == [rec.key if rec else ""]
+    await mongo.update_run(doc.run_id, [], Update(unset=["lease"]))  # the lease expired
+    doc = await resume_local(b, doc.run_id, ResumeRequest())  # adopted from `running`
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
+    assert tree(tmp_path / "b" / "scratch" / doc.run_id) == before
