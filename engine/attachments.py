@@ -2,10 +2,12 @@
 
 Written once against the `BlobStore` and `SandboxDriver` protocols, never per driver:
 
-- **Staging and promotion** (the launch's side): names and limits are checked before any byte
-  moves (`check_files`), so an over-limit file is refused with the limit named and nothing
-  stored; `promote_for_launch` copies the bytes to `runs/<run_id>/attachments/<name>` before the
-  run document exists, and any failure on the way is `LaunchFailed` with what it copied removed.
+- **Staging and promotion** (the launch's side, `engine.attachment_intake`, re-exported here):
+  names and limits are checked before any byte moves (`check_files`), so an over-limit file is
+  refused with the limit named and nothing stored; `promote_for_launch` copies the bytes to
+  `runs/<run_id>/attachments/<name>` before the run document exists, and any failure on the way
+  is `LaunchFailed` with what it copied removed; `promote_answers` does the same for a resume's
+  uploaded `file` answers, at the fresh claim.
 - **Materialisation** (the runner's side): before the sandbox starts, the run's attachments are
   fetched into a per-execution host directory as `<name>/<filename>`, each checked against its
   sha256, and made read-only. A fetch that fails is `ATTACHMENTS_UNFETCHABLE` (transient: the
@@ -25,21 +27,33 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import re
 import shutil
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from engine.attachment_intake import (
+    AttachmentLimits,
+    AttachmentNameInvalid,
+    AttachmentTooLarge,
+    LaunchFailed,
+    TooManyAttachments,
+    answer_attachments,
+    check_files,
+    check_name,
+    promote_answers,
+    promote_for_launch,
+    stage,
+    uploaded_answers,
+)
 from engine.failures import FailureCode
 from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import SandboxCapabilities, SandboxDriver, SeedDir
-from store import BlobStore, ResumeSpec, RunDocument
-from store.errors import Refusal, RunfleetError, StoreError
-from store.models import StagedFile, StagedUpload
-from store.staging import StagedUploadNotFound, StagingStore
+from store import BlobStore, RunDocument
+from store.errors import StoreError
+from store.models import StagedFile
 
 __all__ = [
     "SANDBOX_DIR",
@@ -54,44 +68,25 @@ __all__ = [
     "TooManyAttachments",
     "Unavailable",
     "UrlSigner",
+    "answer_attachments",
     "check_files",
     "check_name",
     "delivery_of",
     "materialise",
     "prepare",
+    "promote_answers",
     "promote_for_launch",
     "remove_dir",
     "stage",
     "template_scope",
+    "uploaded_answers",
 ]
 
-NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 SANDBOX_DIR = "/run/runfleet/attachments"
 Delivery = Literal["host", "copy", "none"]
 URL_TTL_S = 3600
 """How long a presigned attachment URL stays valid."""
 _CHUNK = 1024 * 1024
-
-
-class AttachmentNameInvalid(Refusal, code="attachment_name_invalid"):
-    remedy = "name attachments with a lower-case letter, then letters, digits or '_' (≤ 64)"
-
-
-class AttachmentTooLarge(Refusal, code="attachment_too_large"):
-    remedy = "attach a smaller file, or raise RUNFLEET_ATTACHMENT_MAX_BYTES"
-
-
-class TooManyAttachments(Refusal, code="too_many_attachments"):
-    remedy = (
-        "attach fewer files (bundle them in one archive), or raise RUNFLEET_ATTACHMENTS_MAX_COUNT"
-    )
-
-
-class LaunchFailed(RunfleetError, code="launch_failed"):
-    """The launch's attachments could not be promoted to the run: no run was created and
-    nothing was queued (SPEC §8)."""
-
-    remedy = "check the blob store and the upload ids, then launch again"
 
 
 class AttachmentsUnfetchable(SandboxError, failure_code=FailureCode.ATTACHMENTS_UNFETCHABLE):
@@ -106,14 +101,6 @@ class AttachmentPathUnavailable(SandboxError, failure_code=FailureCode.ATTACHMEN
     """A node names `attachments.x.path` where no path to `x` can be opened."""
 
 
-@dataclass(frozen=True, slots=True)
-class AttachmentLimits:
-    max_bytes: int = 50 * 1024 * 1024
-    """`RUNFLEET_ATTACHMENT_MAX_BYTES`: one file."""
-    max_count: int = 32
-    """`RUNFLEET_ATTACHMENTS_MAX_COUNT`: one run."""
-
-
 @runtime_checkable
 class UrlSigner(Protocol):
     """A blob store that can hand out a time-limited URL to an object (S3 presigned)."""
@@ -121,143 +108,6 @@ class UrlSigner(Protocol):
     async def presigned_url(self, key: str, expires_s: int) -> str:
         """A URL that reads `key` for `expires_s` seconds."""
         ...
-
-
-# -- staging and promotion (the launch) ---------------------------------------------------------
-
-
-def check_name(name: str) -> None:
-    if not NAME.fullmatch(name):
-        raise AttachmentNameInvalid(f"attachment name {name!r} must match {NAME.pattern}")
-
-
-def check_files(files: Mapping[str, Path], limits: AttachmentLimits, *, already: int = 0) -> None:
-    """Names, the per-run count and the per-file size, before any byte moves."""
-    for name in files:
-        check_name(name)
-    if already + len(files) > limits.max_count:
-        raise TooManyAttachments(
-            f"{already + len(files)} attachments exceed RUNFLEET_ATTACHMENTS_MAX_COUNT "
-            f"({limits.max_count})"
-        )
-    for name, path in files.items():
-        try:
-            size = Path(path).stat().st_size
-        except OSError as exc:
-            raise AttachmentNameInvalid(f"attachment {name!r}: cannot read {path}: {exc}") from exc
-        if size > limits.max_bytes:
-            raise AttachmentTooLarge(
-                f"attachment {name!r} ({path}) has {size} bytes, over "
-                f"RUNFLEET_ATTACHMENT_MAX_BYTES ({limits.max_bytes})"
-            )
-
-
-async def stage(
-    staging: StagingStore, tenant: str, files: Mapping[str, Path], limits: AttachmentLimits
-) -> StagedUpload:
-    """Stage `files` (name → path) after `check_files`: a refusal stores nothing."""
-    check_files(files, limits)
-    return await staging.stage(tenant, files)
-
-
-async def promote_for_launch(
-    staging: StagingStore,
-    blobs: BlobStore,
-    tenant: str,
-    run_id: str,
-    *,
-    paths: Mapping[str, Path],
-    uploads: Mapping[str, str],
-    limits: AttachmentLimits,
-) -> list[StagedFile]:
-    """Stage `paths`, then promote them and each `uploads` (name → upload id) to `run_id`.
-
-    A refusal (name, count, size) is raised as it is. Any other failure removes what was
-    promoted, discards what this call staged (a given upload id stays, for a retry) and raises
-    `LaunchFailed`: the caller has not created the run yet, so nothing is queued."""
-    for name in uploads:
-        check_name(name)
-    duplicate = set(paths) & set(uploads)
-    if duplicate:
-        raise AttachmentNameInvalid(f"attachment {sorted(duplicate)[0]!r} is given twice")
-    check_files(paths, limits, already=len(uploads))
-    promoted: list[StagedFile] = []
-    staged: StagedUpload | None = None
-    try:
-        if paths:
-            staged = await staging.stage(tenant, paths)
-            promoted += await staging.promote(staged.id, tenant, run_id)
-            staged = None  # promote discarded it
-        for name, upload_id in uploads.items():
-            promoted += await staging.promote(upload_id, tenant, run_id, rename=name)
-    except RunfleetError as exc:
-        for done in promoted:
-            with contextlib.suppress(StoreError):
-                await blobs.delete(done.key)
-        if staged is not None:
-            with contextlib.suppress(StoreError):
-                await staging.discard(staged.id, tenant)
-        raise LaunchFailed(f"attachments of the launch could not be promoted: {exc}") from exc
-    too_big = [f for f in promoted if f.bytes > limits.max_bytes]
-    if too_big:  # an upload staged under a higher limit
-        for done in promoted:
-            with contextlib.suppress(StoreError):
-                await blobs.delete(done.key)
-        raise AttachmentTooLarge(
-            f"attachment {too_big[0].name!r} has {too_big[0].bytes} bytes, over "
-            f"RUNFLEET_ATTACHMENT_MAX_BYTES ({limits.max_bytes})"
-        )
-    return promoted
-
-
-# -- file answers through the queue (SPEC §6.4) --------------------------------------------------
-
-
-def uploaded_answers(run: RunDocument, spec: ResumeSpec | None) -> dict[str, dict[str, Any]]:
-    """The `file` answers of the resume of this attempt that name a staged upload
-    (field → `{upload, filename, bytes, sha256}`): what the fresh claim turns into attachments."""
-    if spec is None or spec.attempt != run.attempt:
-        return {}
-    return {
-        name: value
-        for name, value in spec.answers.items()
-        if isinstance(value, dict) and isinstance(value.get("upload"), str)
-    }
-
-
-async def promote_answers(
-    staging: StagingStore, blobs: BlobStore, run: RunDocument, spec: ResumeSpec | None
-) -> None:
-    """Before the fresh claim's CAS: each uploaded answer's bytes promoted to the run under the
-    field's name, from the run's own tenant (another tenant's upload id is not found). A retry
-    after a lost CAS finds the upload gone and the bytes in place, which is done."""
-    for name, answer in uploaded_answers(run, spec).items():
-        key = f"runs/{run.run_id}/attachments/{name}"
-        try:
-            await staging.promote(answer["upload"], run.tenant, run.run_id, rename=name)
-        except StagedUploadNotFound:
-            if await blobs.stat(key) is None:
-                raise
-
-
-def answer_attachments(run: RunDocument, spec: ResumeSpec | None) -> dict[str, Any]:
-    """The fields the fresh claim writes for uploaded answers: the run's `attachments` with one
-    per answered field (a field answered again replaces its attachment)."""
-    answered = uploaded_answers(run, spec)
-    if not answered:
-        return {}
-    held = [a for a in run.attachments if a.name not in answered]
-    for name, answer in answered.items():
-        held.append(
-            StagedFile(
-                name=name,
-                filename=answer["filename"],
-                bytes=answer["bytes"],
-                sha256=answer["sha256"],
-                key=f"runs/{run.run_id}/attachments/{name}",
-            )
-        )
-    return {"attachments": [a.model_dump() for a in held]}
 
 
 # -- materialisation and delivery (the runner) ------------------------------------------------
@@ -425,10 +275,6 @@ def _sha256(path: Path) -> tuple[str, int]:
             digest.update(chunk)
             size += len(chunk)
     return digest.hexdigest(), size
-
-
-def names_of(files: Sequence[StagedFile]) -> list[str]:
-    return [f.name for f in files]
 
 
 class RunAttachments:
