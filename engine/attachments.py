@@ -29,7 +29,7 @@ import hashlib
 import os
 import shutil
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -305,3 +305,20 @@ class RunAttachments:
     async def remove(self) -> None:
         if self.dest.exists():
             await asyncio.to_thread(remove_dir, self.dest)
+
+    async def refuse_undeliverable(
+        self, driver_name: str | None, kinds: Iterable[str], events: Emitter
+    ) -> str | None:
+        """SPEC §13.11: a run whose sandbox driver can deliver none of its attachments is
+        refused before its first node (not at its first tool node), naming them and dropping
+        each; None when there is nothing to refuse (no attachments, no tool node, or a driver
+        that can deliver)."""
+        if not self.run.attachments or "tool" not in set(kinds):
+            return None
+        if delivery_of(self.driver, driver_name) != "none":
+            return None
+        try:
+            await prepare(self.run, self.blobs, "none", self.dest, events)
+        except AttachmentsUndeliverable as exc:
+            return str(exc)
+        return None

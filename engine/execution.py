@@ -204,6 +204,10 @@ class Execution(RunStops):
             # final checkpoint (the status write was lost) must not start again at `entry`.
             return Finished()
         node_id = cp.restart_node or workflow.entry
+        kinds = (n.kind for n in workflow.nodes.values())
+        why = await self.attached.refuse_undeliverable(workflow.sandbox.driver, kinds, self.events)
+        if why is not None:  # SPEC §8, §13.11: refused before the first node, naming them
+            return Failed(FailureCode.ATTACHMENTS_UNDELIVERABLE, why, node=node_id)
         held = await restore_scratch(self)  # before the first node (SPEC §7.4)
         if held is not None:
             return Failed(held.code, held.error, node=node_id)

@@ -179,11 +179,28 @@ async def test_a_tool_node_reads_an_attachment_through_its_path_and_cannot_write
     assert not execution.attached.dest.exists()  # teardown removed the copies
 
 
-async def test_attachments_undeliverable_refuses_at_sandbox_start_naming_them(
+COMPUTE_FIRST = """\
+name: compute_first
+entry: plan
+nodes:
+  plan:
+    kind: compute
+    set:
+      planned: "'yes'"
+  read:
+    kind: tool
+    run: cat {{ attachments.spec.path }}
+edges:
+  - from: plan
+    to: read
+"""
+
+
+async def test_attachments_undeliverable_refuses_the_run_before_its_first_node_naming_them(
     store: RunStore, tmp_path: Path
 ) -> None:
     blobs = FilesystemBlobStore(tmp_path / "blobs")
-    run, token = await _held_run(store, blobs, _load(tmp_path, READER))
+    run, token = await _held_run(store, blobs, _load(tmp_path, COMPUTE_FIRST))
 
     outcome, _ = await _execute(store, run, token, tmp_path, blobs, NoDeliveryDriver)
 
@@ -195,6 +212,8 @@ async def test_attachments_undeliverable_refuses_at_sandbox_start_naming_them(
         {"name": "spec", "reason": "undeliverable"}
     ]
     assert not _of(events, "sandbox_started")  # refused before any sandbox ran
+    assert not _of(events, "node_started")  # and before the first node, a compute one (§13.11)
+    assert outcome.node == "plan"
 
 
 async def test_attachment_path_unavailable_fails_the_node_before_it_runs_naming_it(
