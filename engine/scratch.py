@@ -281,14 +281,16 @@ class ScratchBank:
                 await self._record_quietly(result, progress)
             except Exception as exc:  # noqa: BLE001 - the budget is spent: say so, record it
                 if recorded < 0:
-                    state: Literal["unbankable", "unknown"] = (
-                        "unknown" if result.state == "unknown" else "unbankable"
-                    )
+                    read = result.state != "unknown" or isinstance(exc, _NoBlobStore)
+                    state: Literal["unbankable", "unknown"] = "unbankable" if read else "unknown"
                     result = BankOutcome(
                         state, bytes=result.bytes, reason=f"not banked: {exc!r}"[:500]
                     )
                     result.unquiesced = unquiesced
-                    await self._record_quietly(result, progress)
+                    if state == "unbankable":
+                        await self._record_quietly(result, progress)
+                    # unknown (the scratch could not even be read, e.g. its pod is gone): the
+                    # previous record stays, so a sandbox node finished since still refuses.
         result.seconds = time.monotonic() - started
         await self.events.emit("sandbox_scratch_banked", **result.event())
         return result

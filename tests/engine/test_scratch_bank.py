@@ -426,3 +426,25 @@ async def test_a_kill_during_restore_holds_the_bank_for_the_next_resume(
     doc = await resume_local(b, doc.run_id, ResumeRequest())  # adopted from `running`
     assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
     assert tree(tmp_path / "b" / "scratch" / doc.run_id) == before
+
+
+async def test_a_scratch_that_cannot_be_read_keeps_the_previous_record(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.scratch
+
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    first = doc.scratch
+
+    def unreadable(src: Path, dest: Path, **kw: Any) -> ArchiveStats:
+        raise PermissionError(13, "Permission denied", str(src))
+
+    monkeypatch.setattr(engine.scratch, "make_archive", unreadable)
+    doc = await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))  # runs `act`, parks
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
+    assert doc.scratch == first  # not replaced by "unknown": `act` finished after it ...
+    last = (await events_of(mongo, doc.run_id, "sandbox_scratch_banked"))[-1]
+    assert last.data["unknown"] and "Permission denied" in last.data["reason"]
+    with pytest.raises(ScratchNotPortable, match="moved past"):  # ... so a resume refuses
+        await resume_local(a, doc.run_id, ResumeRequest(answers={"ok": True}))
