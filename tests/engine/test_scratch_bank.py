@@ -448,3 +448,43 @@ async def test_a_scratch_that_cannot_be_read_keeps_the_previous_record(
     assert last.data["unknown"] and "Permission denied" in last.data["reason"]
     with pytest.raises(ScratchNotPortable, match="moved past"):  # ... so a resume refuses
         await resume_local(a, doc.run_id, ResumeRequest(answers={"ok": True}))
+
+
+async def test_a_driver_without_a_host_scratch_banks_and_restores_through_copy_out_and_in(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    """The path a pod takes (copy_out → host re-pack; gunzip → copy_in), driven through the
+    local sandbox's own copy_out / copy_in so it runs without a cluster."""
+    import shutil
+
+    from engine.scratch import ScratchBank
+
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    claimed = await claim_local(a, doc, ResumeRequest(answers=KEEP))
+    assert claimed.lease is not None
+    events = EventLog(mongo, claimed.run_id, claimed.attempt, claimed.lease.token)
+    execution = Execution.claimed(a, claimed, _cancel(), events)
+    sandbox = await execution.ensure_sandbox()
+    scratch = execution.scratch.absolute()
+    await sandbox.exec(f'echo copied > "{scratch}/via-copy-out"', timeout_s=10)
+    before = tree(scratch)
+    bank = ScratchBank(
+        run_id=claimed.run_id,
+        token=claimed.lease.token,
+        blobs=blobs,
+        writer=execution.writer,
+        events=events,
+        cap_bytes=1 << 20,
+        budget_s=30,
+        host_scratch=tmp_path / "unused-host-scratch",
+        sandbox_scratch=scratch,
+    )
+    banked = await bank.bank(sandbox, host_dir=False, process_isolated=True, progress=7)
+    assert banked.state == "banked" and banked.unquiesced  # no quiesce ran: said so
+    rec = (await mongo.get_run(claimed.run_id)).scratch
+    assert rec is not None and rec.progress == 7 and rec.unquiesced
+    await asyncio.to_thread(shutil.rmtree, scratch)
+    assert await bank.restore(sandbox, rec, host_dir=False, stale=False) is None
+    assert tree(scratch) == before
+    await execution.teardown(Paused("human", "ask2"))
