@@ -41,7 +41,8 @@ from store.timeutil import parse_duration
 IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0c6d1e-4f0a-4c57-9a55-7c2f0e9d6a31")
 """uuid5 namespace of run ids made from an `Idempotency-Key`."""
 IDEMPOTENCY_KEY_MAX = 200
-EVENTS_PAGE_MAX = 10_000
+EVENTS_PAGE_MAX = 5_000
+"""Below the operations' read of 10 000 events, so a full page always shows there is more."""
 
 
 def idempotent_run_id(tenant: str, key: str) -> str:

@@ -1,7 +1,8 @@
 """The whole API fuzzed from its own OpenAPI document (issue 22: "no 5xx for any generated
 input, no response that breaks its schema, no cross-tenant read"), with schemathesis against a
 served API over a real nats-server and SQLite store. `max_examples` is kept small so CI stays
-fast; the generated inputs still reach every route, with valid and invalid bodies.
+fast (`RUNFLEET_FUZZ_EXAMPLES` raises it for a longer run); the generated inputs still reach
+every route, with valid and invalid bodies.
 
 Each generated request is sent twice: with tenant `default`'s operate token (it owns the seeded
 run and record, so refusals past the tenant check are reached too) and with tenant `b`'s,
@@ -10,6 +11,7 @@ once as generated and once aimed at `default`'s run or record — which must rea
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,7 +62,11 @@ def call_as(case: schemathesis.Case[Any], served: Seeded, token: str) -> schemat
 
 
 @SCHEMA.parametrize()
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=int(os.environ.get("RUNFLEET_FUZZ_EXAMPLES", "12")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 def test_fuzzed_requests_get_no_5xx_a_schema_conforming_answer_and_no_other_tenants_data(
     case: schemathesis.Case[Any], served: Seeded
 ) -> None:
