@@ -1,0 +1,58 @@
+"""The DLQ routes of the HTTP API (SPEC §3 records, §4 Replay, v2.2 §10c): list, show, replay
+and purge through `runner.operations.dlq`, each record its run's tenant's; a record no run can
+be found for (a poison body) is the fleet tenant's (`RUNFLEET_TENANT`)."""
+
+from __future__ import annotations
+
+from publisher import DlqStore
+from store import RunStatus
+from tests.console.conftest import OP_B, Api
+from tests.operations.test_dlq import parked, poison, record_for
+
+
+async def test_dlq_list_show_replay_and_purge_act_on_the_callers_records(api: Api) -> None:
+    dlq: DlqStore = api.fleet.dlq
+    run = await parked(api.env)
+    replayable = await record_for(dlq, run, 11)
+    bad = await poison(dlq, 12)
+
+    status, listed, _ = await api.call("GET", "/api/v1/dlq")
+    assert status == 200 and [r["id"] for r in listed["records"]] == [11, 12]
+    _, only, _ = await api.call("GET", "/api/v1/dlq", params={"reason": "malformed"})
+    assert [r["id"] for r in only["records"]] == [12]
+    status, shown, _ = await api.call("GET", "/api/v1/dlq/11", template="/api/v1/dlq/{record_id}")
+    assert status == 200 and shown["message"]["run_id"] == run.run_id
+    _, poisoned, _ = await api.call("GET", "/api/v1/dlq/12", template="/api/v1/dlq/{record_id}")
+    assert poisoned["message"] is None and poisoned["undecodable"]
+
+    status, report, _ = await api.call("POST", "/api/v1/dlq/replay", json={"all": True})
+    assert status == 200
+    outcomes = {o["id"]: o for o in report["outcomes"]}
+    assert outcomes[replayable.id]["run"]["status"] == "queued"
+    assert outcomes[bad.id]["error"]["code"] == "record_not_replayable"
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.QUEUED
+
+    status, purged, _ = await api.call("POST", "/api/v1/dlq/purge", json={"ids": [bad.id]})
+    assert status == 200 and purged == {"purged": [bad.id]}
+    assert [r.id for r in await dlq.list()] == []
+
+
+async def test_a_record_without_a_run_is_the_fleet_tenants_only(api: Api) -> None:
+    bad = await poison(api.fleet.dlq, 21)
+
+    _, theirs, _ = await api.call("GET", "/api/v1/dlq", token=OP_B)
+    status, body, _ = await api.call("POST", "/api/v1/dlq/purge", token=OP_B, json={"ids": [21]})
+
+    assert theirs["records"] == []
+    assert status == 404 and body["error"]["code"] == "record_not_found"
+    assert [r.id for r in await api.fleet.dlq.list()] == [bad.id]
+
+
+async def test_a_selection_must_name_ids_or_all(api: Api) -> None:
+    for payload in ({}, {"ids": [1], "all": True}, {"all": True, "older_than": "1d"}):
+        status, body, _ = await api.call("POST", "/api/v1/dlq/replay", json=payload)
+        assert status == 400 and body["error"]["code"] == "invalid_request", payload
+    status, body, _ = await api.call(
+        "POST", "/api/v1/dlq/purge", json={"all": True, "older_than": "soon"}
+    )
+    assert status == 400 and "older_than" in body["error"]["message"]
