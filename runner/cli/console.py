@@ -10,7 +10,13 @@ from runner.console import DEFAULT_HOST, DEFAULT_PORT, serve
 
 
 @click.command("console")
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="the port to listen on (0: any free one, announced on stderr)",
+)
 @click.option(
     "--host", default=DEFAULT_HOST, show_default=True, help="the interface to bind (0.0.0.0: all)"
 )
