@@ -1,11 +1,12 @@
 """The HTTP API's routes on runs (SPEC v2.2 §10c), each a thin call into `runner.operations`:
 launch, status, list, events (a page, the merged timeline, a following SSE stream), resume,
-cancel, rewind. The DLQ's routes are in `dlq_api.py`; `ROUTES` is both.
+cancel, rewind. Uploads are in `uploads_api.py`, the DLQ in `dlq_api.py`, the event stream in
+`sse.py`; `ROUTES` is all of them.
 
 A handler parses, calls one operation and shapes the answer; no rule of resume, cancel or
 rewind lives here (STYLE.md: the console never re-implements an operation). What is decided
 here is *who* may see a run: the operations look a full run id up in any tenant, so every route
-that names a run first reads it through `owned_run`, and another tenant's run is `run_not_found`
+that names a run first reads it through `routing.owned_run`, and another tenant's run is `run_not_found`
 — the same answer as a run that does not exist, so a token learns nothing of other tenants.
 """
 
