@@ -5,9 +5,10 @@ cancel, rewind. Uploads are in `uploads_api.py`, the DLQ in `dlq_api.py`, the ev
 
 A handler parses, calls one operation and shapes the answer; no rule of resume, cancel or
 rewind lives here (STYLE.md: the console never re-implements an operation). What is decided
-here is *who* may see a run: the operations look a full run id up in any tenant, so every route
-that names a run first reads it through `routing.owned_run`, and another tenant's run is `run_not_found`
-— the same answer as a run that does not exist, so a token learns nothing of other tenants.
+here is *who* may see a run: the operations look a full run id up in any tenant, so every
+route that names a run first reads it through `routing.owned_run`, and another tenant's run is
+`run_not_found` — the same answer as a run that does not exist, so a token learns nothing of
+other tenants.
 """
 
 from __future__ import annotations
