@@ -1,0 +1,156 @@
+"""Running one node (SPEC §6.1, §6.6): its in-process retries, the race against the cancel
+signal, the node kinds, and where an oversized output goes. A mixin of `Execution`, kept apart
+so the walk in `execution.py` reads in one screen; it reads only what `NodeRunsHost` names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from engine.attachments import RunAttachments
+from engine.cancel import CancelSignal
+from engine.config import EngineSettings
+from engine.events import EventLog
+from engine.failures import FailureCode, node_retries_for, node_retry_backoff
+from engine.fencing import FencedWriter
+from engine.nodes import (
+    CallContext,
+    NodeFailed,
+    NodeOk,
+    NodeResult,
+    run_call,
+    run_compute,
+    run_tool,
+)
+from engine.outcome import Failed
+from engine.sandbox.errors import SandboxError, SandboxLost
+from engine.sandbox.protocols import Sandbox
+from engine.workflow import CallNode, ComputeNode, ToolNode, Workflow
+from store import BlobStore, Checkpoint, RunDocument
+
+T = TypeVar("T")
+
+
+class NodeRuns:
+    run_id: str
+    run_doc: RunDocument
+    checkpoint: Checkpoint
+    writer: FencedWriter
+    events: EventLog
+    cancel: CancelSignal
+    settings: EngineSettings
+    blobs: BlobStore | None
+    attached: RunAttachments
+    workspace: Path
+
+    @property
+    def workflow(self) -> Workflow:
+        raise NotImplementedError
+
+    def scope(self, *, in_sandbox: bool = False) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _ensure_sandbox(self) -> Sandbox:
+        raise NotImplementedError
+
+    async def _execute_with_retries(self, node_id: str) -> NodeResult | None:
+        node = self.workflow.nodes[node_id]
+        cp = self.checkpoint
+        declared = getattr(getattr(node, "retry", None), "max", None)
+        backoff = getattr(getattr(node, "retry", None), "backoff", None) or 1.0
+        while True:
+            await self.events.emit("node_started", node=node_id)
+            started = time.monotonic()
+            result = await self._race(self._execute(node_id))
+            cp.usage.elapsed += time.monotonic() - started
+            cp.usage.iterations += 1
+            if result is None:
+                return None
+            cp.usage.cost_usd += result.cost_usd
+            if isinstance(result, NodeOk):
+                return result
+            used = cp.node_retries.get(node_id, 0)
+            if used >= node_retries_for(result.code, declared):
+                return result  # the caller anchors the checkpoint, then says node_failed
+            cp.node_retries[node_id] = used + 1
+            await self.writer.write_checkpoint(cp)
+            await self.events.emit(
+                "node_failed", node=node_id, code=result.code, error=result.error, retry=True
+            )
+            pause = node_retry_backoff(used + 1, base_s=float(backoff))
+            if await self._race(asyncio.sleep(pause, result)) is None:
+                return None
+
+    async def _execute(self, node_id: str) -> NodeResult:
+        node = self.workflow.nodes[node_id]
+        scope = self.scope(in_sandbox=isinstance(node, ToolNode))
+        if isinstance(node, ComputeNode):
+            return await run_compute(node, scope)
+        if isinstance(node, ToolNode):
+            try:
+                if self.run_doc.attachments:  # delivered, or refused, before the node renders
+                    await self._ensure_sandbox()
+                return await run_tool(
+                    node_id,
+                    node,
+                    scope,
+                    self._ensure_sandbox,
+                    self.events,
+                    self.settings.output_cap,
+                )
+            except SandboxError as exc:
+                if isinstance(exc, SandboxLost):  # SPEC §7.2: said, then the node fails at once
+                    await self.events.emit("sandbox_lost", reason=exc.reason, message=str(exc))
+                code = exc.failure_code or FailureCode.INTERNAL_ERROR
+                return NodeFailed(code, f"{node_id}: {exc}")
+        if isinstance(node, CallNode):
+            ctx = CallContext(
+                run_id=self.run_id,
+                node=node_id,
+                attempt=self.run_doc.attempt,
+                vars=self.checkpoint.vars,
+                outputs=self.checkpoint.outputs,
+            )
+            try:
+                return await asyncio.wait_for(run_call(node_id, node, scope, ctx), node.timeout)
+            except TimeoutError:
+                return NodeFailed(FailureCode.TIMEOUT, f"{node_id}: timed out", ctx.cost_usd)
+        raise AssertionError(f"node kind {type(node).__name__} is not executable")
+
+    async def _race(self, work: Coroutine[Any, Any, T]) -> T | None:
+        """Run `work` unless the cancel signal fires first; then cancel it within the
+        node-cancellation budget and return None."""
+        task: asyncio.Task[T] = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(self.cancel.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        budget = self.settings.node_cancel_budget.total_seconds()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(task, budget)
+        return None
+
+    async def _store_output(self, node_id: str, output: Any) -> Any:
+        """Outputs over the cap spill to the blob store (SPEC §2); without one they fail."""
+        encoded = json.dumps(output, default=str).encode()
+        if len(encoded) <= self.settings.output_cap:
+            return output
+        if self.blobs is None:
+            return Failed(
+                FailureCode.OUTPUT_TOO_LARGE,
+                f"{node_id}: output of {len(encoded)} bytes exceeds {self.settings.output_cap}",
+                node=node_id,
+            )
+        key = f"runs/{self.run_id}/outputs/{node_id}/{self.checkpoint.progress}"
+        await self.blobs.put_bytes(key, encoded)
+        return {"$blob": key, "bytes": len(encoded)}
