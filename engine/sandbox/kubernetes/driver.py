@@ -51,7 +51,7 @@ from engine.sandbox.kubernetes.classify import (
     classify_create_error,
     classify_start,
 )
-from engine.sandbox.kubernetes.exec import copy_in
+from engine.sandbox.kubernetes.copy import copy_in
 from engine.sandbox.kubernetes.pod import (
     ANNOTATION_RUN_ID,
     ANNOTATION_TOKEN,

@@ -1,5 +1,5 @@
-"""The kubernetes sandbox's transport: a command in a pod over the API server's exec subresource,
-and a directory in or out of the pod as a tar stream over it (SPEC v2.2 §7.1).
+"""The kubernetes sandbox's transport: a command in a pod over the API server's exec subresource
+(SPEC v2.2 §7.1); `copy.py` moves directories in and out as tar streams over it.
 
 The wire is the exec subresource's websocket channel protocol: every binary message starts with
 a channel byte (0 stdin, 1 stdout, 2 stderr, 3 error, 4 resize); the error channel carries one
@@ -26,13 +26,10 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import tarfile
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import aiohttp
 from kubernetes.aio.client import ApiClient, CoreV1Api
@@ -40,8 +37,6 @@ from kubernetes.aio.stream import WsApiClient
 from kubernetes.aio.stream.ws_client import get_websocket_url
 
 from engine.sandbox.errors import (
-    SandboxArchiveInvalid,
-    SandboxCopyFailed,
     SandboxExecFailed,
     SandboxLost,
 )
@@ -51,9 +46,8 @@ __all__ = [
     "PROTOCOL_V4",
     "PROTOCOL_V5",
     "TIMED_OUT_EXIT_CODE",
-    "copy_in",
-    "copy_out",
     "exec_in_pod",
+    "exec_raw",
     "exit_code_from_status",
 ]
 
@@ -71,7 +65,7 @@ the command bounds it inside the pod too (e.g. `timeout`)."""
 HEARTBEAT_S = 30.0
 """Websocket pings: a half-open connection to the API server is noticed, not waited on."""
 
-_STDIN_CHUNK = 64 * 1024
+STDIN_CHUNK = 64 * 1024
 _CLOSE_WAIT_S = 2.0
 """How long an abandoned exec waits for the server's close frame (aiohttp's default is 10 s)."""
 
@@ -170,14 +164,14 @@ async def exec_in_pod(
 
     async def once() -> AsyncIterator[bytes]:
         assert stdin is not None
-        for at in range(0, len(stdin), _STDIN_CHUNK):
-            yield stdin[at : at + _STDIN_CHUNK]
+        for at in range(0, len(stdin), STDIN_CHUNK):
+            yield stdin[at : at + STDIN_CHUNK]
 
     source = None if stdin is None else once()
-    return await _exec(api, namespace, pod, container, argv, timeout, on_output, source)
+    return await exec_raw(api, namespace, pod, container, argv, timeout, on_output, source)
 
 
-async def _exec(
+async def exec_raw(
     api: CoreV1Api,
     namespace: str,
     pod: str,
@@ -312,121 +306,3 @@ async def _feed(ws: aiohttp.ClientWebSocketResponse, source: AsyncIterator[bytes
         await ws.send_bytes(bytes([CLOSE, STDIN]))
     except (aiohttp.ClientError, ConnectionError):
         return  # the stream closed under us: the reader reports how it ended
-
-
-async def copy_in(
-    api: CoreV1Api, namespace: str, pod: str, container: str, tar_path: Path, dest_dir: str
-) -> None:
-    """Extract the host tar `tar_path` (plain or gzip) into `dest_dir` in the pod, creating it,
-    by streaming it to `tar -x` over stdin. The archive is checked on the host first: a member
-    that would escape `dest_dir`, a device file or an absolute link is `SandboxArchiveInvalid`
-    and nothing is sent; a failure on the way or of the pod's tar is `SandboxCopyFailed`."""
-    gzipped = await asyncio.to_thread(_check_archive, tar_path)
-    script = 'mkdir -p -- "$1" && exec tar -x -f - -C "$1" ' + ("-z" if gzipped else "")
-    argv = ["sh", "-c", script.strip(), "runfleet-copy-in", dest_dir]
-    try:
-        handle = await asyncio.to_thread(tar_path.open, "rb")
-    except OSError as e:
-        raise SandboxCopyFailed(f"cannot read {tar_path}: {e}") from e
-    try:
-        result = await _exec(
-            api, namespace, pod, container, argv, None, None, _chunks(handle, tar_path)
-        )
-    finally:
-        handle.close()
-    if result.exit_code != 0:
-        raise SandboxCopyFailed(
-            f"tar in pod {namespace}/{pod} could not extract {tar_path.name} into {dest_dir} "
-            f"(exit {result.exit_code}): {result.stderr_tail.decode(errors='replace').strip()}"
-        )
-
-
-async def _chunks(handle: IO[bytes], path: Path) -> AsyncIterator[bytes]:
-    while True:
-        try:
-            chunk = await asyncio.to_thread(handle.read, _STDIN_CHUNK)
-        except OSError as e:
-            raise SandboxCopyFailed(f"cannot read {path}: {e}") from e
-        if not chunk:
-            return
-        yield chunk
-
-
-def _check_archive(tar_path: Path) -> bool:
-    """Whether the archive is gzipped, once every member passed the `data` extraction filter."""
-    try:
-        with tar_path.open("rb") as raw:
-            gzipped = raw.read(2) == b"\x1f\x8b"
-        with tarfile.open(tar_path, "r:*") as tar:
-            for member in tar:
-                tarfile.data_filter(member, "/runfleet-dest")
-    except tarfile.FilterError as e:
-        raise SandboxArchiveInvalid(f"{tar_path} has a member that is refused: {e}") from e
-    except (tarfile.TarError, EOFError) as e:
-        raise SandboxArchiveInvalid(f"{tar_path} is not a readable tar archive: {e}") from e
-    except OSError as e:
-        raise SandboxCopyFailed(f"cannot read {tar_path}: {e}") from e
-    return gzipped
-
-
-async def copy_out(
-    api: CoreV1Api,
-    namespace: str,
-    pod: str,
-    container: str,
-    src_dir: str,
-    dest_tar: Path,
-    *,
-    gzip_level: int | None = 6,
-) -> None:
-    """Write the pod's directory `src_dir` as a tar to the host file `dest_tar`, members relative
-    to `src_dir`. It is gzipped on the host at `gzip_level` (0-9, always explicit: the pod's tar
-    may be BusyBox's, which takes no level), or plain with `gzip_level=None`. On any failure the
-    file is removed and `SandboxCopyFailed` (or `SandboxLost`) raised."""
-    if gzip_level is not None and not 0 <= gzip_level <= 9:
-        raise ValueError(f"gzip_level must be 0-9 or None, not {gzip_level}")
-    try:
-        sink = await asyncio.to_thread(_Sink, dest_tar, gzip_level)
-    except OSError as e:
-        raise SandboxCopyFailed(f"cannot write {dest_tar}: {e}") from e
-
-    async def on_output(stream: str, chunk: bytes) -> None:
-        if stream == "stdout":
-            await asyncio.to_thread(sink.write, chunk)
-
-    argv = ["tar", "-c", "-f", "-", "-C", src_dir, "."]
-    try:
-        result = await _exec(api, namespace, pod, container, argv, None, on_output, None)
-        if result.exit_code != 0:
-            raise SandboxCopyFailed(
-                f"tar in pod {namespace}/{pod} could not archive {src_dir} "
-                f"(exit {result.exit_code}): {result.stderr_tail.decode(errors='replace').strip()}"
-            )
-        await asyncio.to_thread(sink.finish)
-    except OSError as e:
-        await asyncio.to_thread(sink.discard)
-        raise SandboxCopyFailed(f"cannot write {dest_tar}: {e}") from e
-    except BaseException:
-        await asyncio.to_thread(sink.discard)
-        raise
-
-
-class _Sink:
-    """The host side of `copy_out`: the tar stream, gzipped or not, into a file."""
-
-    def __init__(self, path: Path, level: int | None) -> None:
-        self.path = path
-        self.handle = path.open("wb")
-        self.gzip = None if level is None else zlib.compressobj(level, zlib.DEFLATED, 31)
-
-    def write(self, chunk: bytes) -> None:
-        self.handle.write(chunk if self.gzip is None else self.gzip.compress(chunk))
-
-    def finish(self) -> None:
-        if self.gzip is not None:
-            self.handle.write(self.gzip.flush())
-        self.handle.close()
-
-    def discard(self) -> None:
-        self.handle.close()
-        self.path.unlink(missing_ok=True)

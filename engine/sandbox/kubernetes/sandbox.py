@@ -22,6 +22,7 @@ from kubernetes.aio.client import CoreV1Api
 
 from engine.archive import ArchiveError, make_archive
 from engine.sandbox.errors import SandboxCopyFailed, SandboxError, SandboxLost
+from engine.sandbox.kubernetes import copy as pod_copy
 from engine.sandbox.kubernetes import exec as pod_exec
 from engine.sandbox.kubernetes.pod import CONTAINER, SCRATCH, WORKSPACE
 from engine.sandbox.kubernetes.settings import KubernetesSettings
@@ -158,7 +159,7 @@ class KubernetesSandbox:
 
     async def copy_out(self, src: Path, dest_tar: Path) -> None:
         await self._guarded(
-            pod_exec.copy_out(
+            pod_copy.copy_out(
                 self._api,
                 self._namespace,
                 self._name,
@@ -171,7 +172,7 @@ class KubernetesSandbox:
 
     async def copy_in(self, tar: Path, dest_dir: Path) -> None:
         await self._guarded(
-            pod_exec.copy_in(
+            pod_copy.copy_in(
                 self._api, self._namespace, self._name, CONTAINER, tar, sandbox_path(dest_dir)
             )
         )

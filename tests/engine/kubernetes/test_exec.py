@@ -27,10 +27,9 @@ from engine.sandbox.errors import (
     SandboxExecFailed,
     SandboxLost,
 )
+from engine.sandbox.kubernetes.copy import copy_in, copy_out
 from engine.sandbox.kubernetes.exec import (
     TIMED_OUT_EXIT_CODE,
-    copy_in,
-    copy_out,
     exec_in_pod,
     exit_code_from_status,
 )
