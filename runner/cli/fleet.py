@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,21 @@ async def streams_ensure_cmd(as_json: bool) -> None:
     show_default=True,
     help="local nats-servers in one JetStream cluster, streams replicated on each",
 )
+@click.option(
+    "--api-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="the HTTP API's port on 127.0.0.1 (0: any free one); its URL is printed",
+)
 @command
 async def up_cmd(
-    runners: int, slots: int | None, data: Path | None, no_view: bool, nats_cluster: int
+    runners: int,
+    slots: int | None,
+    data: Path | None,
+    no_view: bool,
+    nats_cluster: int,
+    api_port: int,
 ) -> None:
     """Run the embedded fleet: local nats-server (or cluster), SQLite store, N runners.
 
@@ -106,15 +119,35 @@ async def up_cmd(
                 err=True,
             )
             supervise = asyncio.ensure_future(fleet.supervise())
+            api = asyncio.ensure_future(_serve_api(api_port))
             view = asyncio.ensure_future(live_view(fleet, interactive=not no_view))
             await fleet.wait_stop_requested()
             view.cancel()
+            api.cancel()
             click.echo("\nstopping: draining runners (in-flight runs are handed off)...", err=True)
         finally:
             grace = env.engine.unwind_ceiling.total_seconds() + 30
             await fleet.shutdown(grace)
         await supervise
         click.echo("fleet stopped", err=True)
+
+
+async def _serve_api(port: int) -> None:
+    """The HTTP API beside the embedded fleet (SPEC v2.2 §10, §10c), on 127.0.0.1. It finds the
+    fleet as every other command does (`RUNFLEET_DATA/nats.url`); without a token it refuses
+    every request, and says how to give one. A failure to serve never stops the fleet."""
+    from runner.console import serve
+
+    def started(url: str) -> None:
+        hint = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (set RUNFLEET_CONSOLE_TOKEN)"
+        click.echo(f"  HTTP API on {url}/api/v1{hint}", err=True)
+
+    try:
+        await serve("127.0.0.1", port, started=started)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the fleet runs on without its API
+        click.echo(f"  HTTP API not served: {exc}", err=True)
 
 
 @click.command("runner")

@@ -216,3 +216,22 @@ def test_on_ctrl_c_up_stops_without_waiting_out_the_nats_drain_timeout(ctrl_c: C
     assert ctrl_c.took < 15, f"`up` took {ctrl_c.took:.1f}s to stop; runner logs:\n" + "\n".join(
         log[-2000:] for log in ctrl_c.runner_logs
     )
+
+
+def test_up_serves_the_http_api_and_prints_its_url(fleet: Up) -> None:
+    """SPEC v2.2 §10: `runfleet up` serves the API too and prints its URL (on 127.0.0.1)."""
+    import re
+    import urllib.error
+    import urllib.request
+
+    def url() -> str | None:
+        found = re.search(r"HTTP API on (http://127\.0\.0\.1:\d+)/api/v1", fleet.output())
+        return found.group(1) if found else None
+
+    base = eventually(url, within=30, what="the API URL in `up`'s output")
+    with urllib.request.urlopen(f"{base}/healthz", timeout=10) as answer:
+        assert answer.status == 200
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/api/v1/runs", timeout=10)
+    refused.value.close()  # its socket: an unclosed one is a ResourceWarning (an error here)
+    assert refused.value.code == 401  # no token, no access (§10c)
