@@ -14,10 +14,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import nats
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StreamInfo
@@ -29,6 +32,8 @@ from publisher.wire import HDR_MSG_ID, WireNames
 from tests.support.nats_cluster import Cluster, leader_other_than, nats_cluster
 
 __all__ = ["nats_cluster"]  # the module-scoped fixture, imported for this module's tests
+
+T = TypeVar("T")
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.cluster]
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,9 +124,10 @@ async def test_the_client_continues_on_another_server_when_its_server_is_killed(
     nc, js = await connect(settings, name="test-failover")
     killed: int | None = None
     try:
-        await ensure_streams(js, names, settings)
+        # The test before may have left a node rejoining: the API can answer 503 a moment.
+        await _until_answered(lambda: ensure_streams(js, names, settings), within=15)
         psub = await js.pull_subscribe_bind(names.consumer, stream=names.runs_stream)
-        await js.publish(names.runs_subject, b"before", headers={HDR_MSG_ID: "m:1"})
+        await _publish_until_acked(js, names.runs_subject, b"before", "m:1", within=15)
         assert nc.connected_url is not None
         killed = nats_cluster.index_of_url(nc.connected_url.geturl())
         await asyncio.to_thread(nats_cluster.kill, killed)
@@ -137,9 +143,9 @@ async def test_the_client_continues_on_another_server_when_its_server_is_killed(
         # A publish right after a leader loss may time out while the stream elects; its retry
         # carries the same msg id, so a stored first try answers as a duplicate, never twice.
         ack = await _publish_until_acked(js, names.runs_subject, b"after", "m:2", within=15)
-        info = await js.stream_info(names.runs_stream)
+        info = await _until_answered(lambda: js.stream_info(names.runs_stream), within=15)
         assert info.state.messages == 2 and ack.seq == 2
-        got = await psub.fetch(2, timeout=10)
+        got = await _until_answered(lambda: psub.fetch(2, timeout=10), within=20)
         assert sorted(m.data for m in got) == [b"after", b"before"]
         for m in got:
             await m.ack_sync()
@@ -147,6 +153,19 @@ async def test_the_client_continues_on_another_server_when_its_server_is_killed(
         await nc.close()
         if killed is not None:
             await asyncio.to_thread(nats_cluster.restart, killed)
+
+
+async def _until_answered(ask: Callable[[], Awaitable[T]], *, within: float) -> T:
+    """A JetStream API request right after a leader loss may answer 503 (or nothing) while the
+    stream elects: ask again until it answers, within a deadline."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await ask()
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # the pause between two tries, not a synchronisation
 
 
 async def _publish_until_acked(
