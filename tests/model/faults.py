@@ -6,7 +6,9 @@ Two families, both drawn by hypothesis in `test_protocol_model.py`:
   Before the claim a store error (SPEC v2.2 §5.1: nak, never a DLQ record); under the held lease
   an error at every step from the claim's winning CAS to the disposition — the sandbox driver's
   `stop_others`, the `run_claimed` append, a stored workflow that no longer loads, the
-  sandbox's stop in teardown — which must become one `INTERNAL_ERROR` outcome; and the store
+  sandbox's stop in teardown — which must become one `INTERNAL_ERROR` outcome; the sandbox's
+  start and the bank's read when a banked scratch is restored (SPEC §7.4), which must become
+  the restore's own typed failure and hold the bank; and the store
   going away between the engine and the disposition (the status write, the park, the release,
   the drain's handoff CAS, the status events, the cancel read before a park), which must nak
   with no record standing. A store fault may lose its reply: the write lands and the caller
@@ -57,6 +59,8 @@ POINTS = (
     "stop_others",  # the driver, in `Execution.begin`
     "run_claimed",  # the claim's first event, in `Execution.begin`
     "load",  # the run's stored workflow, parsed lazily under the held lease
+    "sandbox_start",  # the driver's start, when a banked scratch is restored (§7.4)
+    "bank_read",  # the banked archive's read from the blob store, at the restore (§7.4)
     "teardown",  # the sandbox's stop
     "status",  # the outcome's status write (and its cancel variant)
     "park_read",  # the last delivery's read for a pending cancel, before its DLQ record

@@ -88,12 +88,14 @@ import asyncio
 import base64
 import contextlib
 import contextvars
+import io
 import json
 import logging
 import os
 import shutil
 import sqlite3
 import sys
+import tarfile
 import tempfile
 import time
 from collections import Counter
@@ -143,7 +145,8 @@ from engine.nodes import CallContext
 from engine.outcome import CancelReason, Finished, Interrupted, Outcome
 from engine.resume import ResumeRequest, scratch_problem
 from engine.rewind import rewind
-from engine.sandbox.protocols import SandboxCapabilities
+from engine.sandbox.errors import SandboxCopyFailed, SandboxLost, SandboxStartFailed
+from engine.sandbox.protocols import SandboxCapabilities, SandboxSpec
 from publisher.config import WireSettings
 from publisher.dlq import DlqRecord
 from publisher.errors import PublishFailed, RecordNotFound
@@ -169,6 +172,8 @@ from store import (
     ScratchRecord,
     Update,
 )
+from store.blobs_fs import FilesystemBlobStore
+from store.protocols import BlobInfo
 from store.sqlite import SqliteRunStore
 from store.sqlite import connect as sqlite_connect
 from store.timeutil import truncate_ms
@@ -281,7 +286,8 @@ nothing, where a disk makes them most of an example's time."""
 
 NODE_RESULTS = ["ok"] * 8 + ["ask", "no", "transient", "infra", "permanent", "ambiguous", "bot"]
 """Mostly `ok`, so runs get somewhere; `ok` first, so a failing example shrinks towards it."""
-SCRATCH = [None, "unbankable", "banked", "empty"]
+SCRATCH = [None, "unbankable", "banked", "empty", "gone"]
+"""A teardown's drawn bank record; "gone" is a banked record whose archive is missing."""
 
 STORE_REFUSED_THEN_TAKEN_OVER = "disposition_after_lease_loss:after_store_error"
 KNOWN: dict[str, str] = {}
@@ -667,13 +673,40 @@ class ModelNats:
         self.model.control.append(subject.rsplit(".", 1)[-1])
 
 
+class NullSandbox:
+    """The sandbox a restore starts: nothing runs in it (the model's nodes never exec), and
+    its scratch is the host directory the bank is extracted into."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.name = f"model-{spec.run_id[-8:]}-{spec.lease_token[:8]}"
+
+    async def exec(self, command: str, **_: Any) -> Any:
+        raise SandboxLost("model: nothing runs in the model's sandbox")
+
+    async def copy_out(self, src: Path, dest_tar: Path) -> None:
+        raise SandboxCopyFailed("model: the scratch is host-backed")
+
+    async def copy_in(self, tar: Path, dest_dir: Path) -> None:
+        raise SandboxCopyFailed("model: the scratch is host-backed")
+
+    async def stop(self) -> None:
+        return None
+
+
 class NullDriver:
-    """No sandbox: the model's workflow has only call, human and fail nodes. Its scratch is
-    host-backed, as the local driver's is (the banks the model draws are its own)."""
+    """The model's workflow has only call, human and fail nodes, so a sandbox starts only to
+    restore a banked scratch (SPEC §7.4). Its scratch is host-backed, as the local driver's is
+    (the banks the model draws are its own); its start may be made to fail."""
 
     capabilities = SandboxCapabilities(
         process_isolated=True, host_backed_scratch=True, supports_dir_copy=False
     )
+
+    async def start(self, spec: SandboxSpec) -> NullSandbox:
+        if _current().take_fault("sandbox_start"):
+            raise _current().inject(SandboxStartFailed("model: the sandbox did not start"))
+        _seen("sandbox started for a restore")
+        return NullSandbox(spec)
 
     async def stop_others(self, run_id: str, keep_token: str) -> list[str]:
         if _current().take_fault("stop_others"):
@@ -682,6 +715,27 @@ class NullDriver:
 
     async def list_sandboxes(self) -> list[Any]:
         return []
+
+
+class ModelBlobs(FilesystemBlobStore):
+    """The real filesystem blob store; a banked archive's read may be made to fail."""
+
+    async def get_to_file(self, key: str, path: Path) -> BlobInfo:
+        model = _current()
+        if "/scratch/" in key and model.take_fault("bank_read"):
+            raise model.inject(outage(f"bank read {key}"))
+        return await super().get_to_file(key, path)
+
+
+def _bank_archive() -> bytes:
+    """A banked scratch as the bank writes it: a gzipped tar of one file."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"scratch\n"
+        info = tarfile.TarInfo("notes.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 class AdvisoryMsg:
@@ -759,9 +813,13 @@ class ModelExecution(Execution):
         state = model.draw(st.sampled_from(SCRATCH))
         if state is None:
             return
+        key = f"runs/{self.run_id}/scratch/{self.token}.tgz"
+        if state == "banked":
+            assert self.blobs is not None
+            await self.blobs.put_bytes(key, _bank_archive())
         record = ScratchRecord(
-            state=state,
-            key=f"runs/{self.run_id}/scratch/{self.token}.tgz" if state == "banked" else None,
+            state="banked" if state == "gone" else state,
+            key=key if state in ("banked", "gone") else None,
             bytes=0 if state == "empty" else 10,
             progress=self.checkpoint.progress,
             lease_token=self.token,
@@ -1016,14 +1074,14 @@ class ProtocolModel(RuleBasedStateMachine):
         )
         return RunnerServices(
             store=self.store,  # type: ignore[arg-type]
-            blobs=None,
+            blobs=ModelBlobs(self.tmp / "blobs"),
             nc=self.nc,  # type: ignore[arg-type]
             js=self.js,  # type: ignore[arg-type]
             names=NAMES,
             wire=WIRE,
             engine=ENGINE,
             settings=RUNNER,
-            driver=NullDriver(),  # type: ignore[arg-type]
+            driver=NullDriver(),
             metrics=self.metrics,
             publisher=publisher_,
             dlq=self.dlq,  # type: ignore[arg-type]
