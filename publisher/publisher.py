@@ -158,6 +158,16 @@ class Publisher:
             raise DuplicatePublication(
                 f"run {run.run_id}: {msg_id(run.run_id, run.attempt)} was already published"
             )
+        if ack.duplicate:
+            # Evidence for operators (and the cluster soak's count): the copy had landed, a
+            # retry or a sweep was answered by the dedupe window instead of stored twice.
+            log.info(
+                "run %s: publication of attempt %d answered duplicate (seq %d, try %d)",
+                run.run_id,
+                run.attempt,
+                ack.seq,
+                tries,
+            )
         return ack
 
     async def record_publication(

@@ -24,9 +24,12 @@ resume`), and breaks things:
   runner holding runs is SIGTERMed, so its handoff publishes fail. Saved by the orphan sweeper
   (§5.9), which republishes the handed-off attempts.
 - (`--nats-cluster 3`) a three-node JetStream cluster (`runner.localcluster`) with every stream
-  at three replicas, and `--leader-kills` SIGKILLs of the node leading the runs stream, each
-  restarted after `--leader-outage-s`. Saved by the client's reconnect to another server, the
-  stream's new leader (and its dedupe window), and the consumer's replicated state.
+  at three replicas, `--leader-kills` SIGKILLs of the node leading the runs stream, each
+  restarted after `--leader-outage-s`, and `--server-faults` more in turn (`tests/soak_cluster.py`:
+  SIGKILL of a random node, of the consumer's leader, stream and consumer leader step-downs
+  through the JetStream API, the consumer's leader SIGSTOPped past `ack_wait`). Saved by the
+  client's reconnect to another server, the new leader (and the stream's dedupe window), and the
+  consumer's replicated state.
 - store fault: a separate sqlite3 connection holds `BEGIN EXCLUSIVE` longer than the busy
   timeout, so every write of every process gets SQLITE_BUSY (`StoreUnavailable`); reads go on
   (WAL). Saved by the transient nak, lease loss and fencing (§5.1, §5.4, §5.6).
@@ -103,9 +106,11 @@ from store import RunDocument, RunfleetError, RunQuery, RunStatus, StoreError, u
 from store.blobs_fs import FilesystemBlobStore
 from store.sqlite import SqliteRunStore
 from store.staging import StagingStore
+from tests.soak_cluster import KINDS, ClusterFaults
 from tests.soak_hostile import hostile_bodies
 from tests.soak_seam import SEAM_ENV, PostEngineSeam
-from tests.support.nats_cluster import leader_other_than
+from tests.soak_soundings import DedupeCounter, count_dedupe_answers, count_redeliveries
+from tests.support.nats_cluster import Cluster
 
 TENANT = "default"
 NODES = ("prepare", "flaky", "approve", "work", "finish")
@@ -285,6 +290,11 @@ class SoakConfig:
     leader_kills: int = 1
     """With a cluster: SIGKILLs of the runs stream's leader (each restarted)."""
     leader_outage_s: float = 5.0
+    server_faults: int = 0
+    """With a cluster: faults of `tests.soak_cluster.KINDS`, in turn (each restarted)."""
+    pause_s: float = 12.0
+    """How long a paused node stays SIGSTOPped: past `ack_wait` (3.5 s) and past raft's election
+    timeout (4-9 s measured), so the others elect a leader while it sleeps."""
 
     @property
     def deadline(self) -> float:
@@ -362,7 +372,14 @@ class Report:
     nats_restarts: int = 0
     leader_kills: int = 0
     max_leaderless_s: float = 0.0
-    """The longest a killed leader's stream went without a leader (no publish could land)."""
+    """The longest a server fault left the runs stream or its consumer with no live leader:
+    the longest a run waited for a live broker (no publish, ack or delivery could land)."""
+    server_faults: Counter[str] = field(default_factory=Counter)
+    """Cluster faults by kind (`tests.soak_cluster.KINDS`), stream-leader kills included."""
+    dedupe_answered: int = 0
+    """Publications answered `duplicate` by the stream's dedupe window (every process's log)."""
+    redeliveries: int = 0
+    """Deliveries beyond a message's first (the delivery log; a lower bound, fire-and-forget)."""
     store_fault_windows: int = 0
     post_engine_windows: int = 0
     post_engine_refused: int = 0
@@ -415,9 +432,18 @@ class Report:
             ("runner crashes (unexpected exits)", str(self.crashes)),
             ("nats restarts", str(self.nats_restarts)),
             (
-                "nats stream-leader SIGKILLs (cluster; longest without a leader)",
-                f"{self.leader_kills} ({self.max_leaderless_s:.1f}s)",
+                "nats server faults (cluster; " + "/".join(KINDS) + ")",
+                f"{sum(self.server_faults.values())} ("
+                + "/".join(str(self.server_faults[k]) for k in KINDS)
+                + ")",
             ),
+            ("nats stream-leader SIGKILLs (cluster)", str(self.leader_kills)),
+            (
+                "longest a run waited for a live broker (no leader)",
+                f"{self.max_leaderless_s:.1f}s",
+            ),
+            ("duplicate publications answered by dedupe", str(self.dedupe_answered)),
+            ("redeliveries (delivery log)", str(self.redeliveries)),
             ("store-fault windows", str(self.store_fault_windows)),
             (
                 "post-engine store faults (status writes refused)",
@@ -472,7 +498,7 @@ class Soak:
         self.logs = self.root / "logs"
         self.names = WireNames(f"soak{uuid.uuid4().hex[:8]}")
         self.server: NatsServer | NatsCluster = (
-            NatsCluster(self.root / "nats", cfg.nats_cluster)
+            Cluster(self.root / "nats", cfg.nats_cluster)
             if cfg.nats_cluster > 1
             else NatsServer(self.root / "nats")
         )
@@ -516,6 +542,8 @@ class Soak:
         self.blobs: FilesystemBlobStore | None = None
         self.publisher: Publisher | None = None
         self.dlq: DlqStore | None = None
+        self.faults: ClusterFaults | None = None
+        self.dedupe = DedupeCounter()
 
     # -- setup and teardown ----------------------------------------------------------------------
 
@@ -563,6 +591,7 @@ class Soak:
         self.workflow_file.write_text(WORKFLOW)
         self.seed_file.write_text("the soak's attachment\n")
         await asyncio.to_thread(self.server.start)
+        self.dedupe.install()
         wire = self.wire()
         self.nc = await nats.connect(
             servers=self.server.url.split(","),
@@ -610,6 +639,7 @@ class Soak:
             if closable is not None:
                 await closable.close()
         await asyncio.to_thread(self.server.stop)
+        self.dedupe.remove()
 
     def spawn(self, index: int) -> RunnerProc:
         log_path = self.logs / f"runner-{index}-{len(self.history)}.log"
@@ -1010,9 +1040,9 @@ class Soak:
                     )
 
     def start_refused_by_nats(self) -> bool:
-        """Around a NATS outage, or a leader kill plus the 5 s a runner's start-up request
+        """Around a NATS outage, or a cluster fault plus the 5 s a runner's start-up request
         waits for an answer (with the slack of this loop's polling)."""
-        return self.in_window("nats", slack=5.0) or self.in_window("leader", slack=10.0)
+        return self.in_window("nats", slack=5.0) or self.in_window("cluster", slack=10.0)
 
     def in_window(self, kind: str, slack: float) -> bool:
         now = time.monotonic()
@@ -1044,8 +1074,11 @@ class Soak:
             steps.append((0.1 + 0.5 * i / self.cfg.drains, "drain"))
         for i in range(self.cfg.nats_restarts):
             steps.append((0.3 + 0.4 * i / self.cfg.nats_restarts, "nats"))
-        for i in range(self.cfg.leader_kills if self.cfg.nats_cluster > 1 else 0):
-            steps.append((0.35 + 0.4 * i / self.cfg.leader_kills, "leader"))
+        if self.cfg.nats_cluster > 1:
+            for i in range(self.cfg.leader_kills):
+                steps.append((0.35 + 0.4 * i / self.cfg.leader_kills, "kill_stream_leader"))
+            for i, kind in enumerate(self.cluster_faults().plan(self.cfg.server_faults)):
+                steps.append((0.05 + 0.85 * i / self.cfg.server_faults, kind))
         for i in range(self.cfg.store_faults):
             steps.append((0.55 + 0.25 * i / self.cfg.store_faults, "store"))
         for i in range(self.cfg.post_engine_store_faults):
@@ -1065,8 +1098,8 @@ class Soak:
                     await self.drain(outage=False)
                 elif kind == "nats":
                     await self.nats_outage()
-                elif kind == "leader":
-                    await self.leader_kill()
+                elif kind in KINDS:
+                    await self.server_fault(kind)
                 elif kind == "store":
                     await self.store_fault()
                 elif kind == "post_engine":
@@ -1173,35 +1206,34 @@ class Soak:
             self.report.nats_restarts += 1
             self.say(f"nats-server started again at {self.server.url}")
 
-    async def leader_kill(self) -> None:
-        """SIGKILL the cluster node leading the runs stream (it may lead the consumer too);
-        restart it after `leader_outage_s`, once it has caught up."""
-        assert isinstance(self.server, NatsCluster) and self.js is not None
-        info = await self.js.stream_info(self.names.runs_stream)
-        assert info.cluster is not None and info.cluster.leader, info
-        name = info.cluster.leader
-        index = self.server.index_of(name)
-        window = Window("leader", time.monotonic())
+    def cluster_faults(self) -> ClusterFaults:
+        """The cluster's fault maker (`tests/soak_cluster.py`), made once."""
+        if self.faults is None:
+            assert isinstance(self.server, Cluster)
+            self.faults = ClusterFaults(
+                self.server,
+                stream=self.names.runs_stream,
+                consumer=self.names.consumer,
+                backstop=(self.names.advisory_stream, self.names.backstop_consumer),
+                outage_s=self.cfg.leader_outage_s,
+                pause_s=self.cfg.pause_s,
+                rng=random.Random(self.cfg.seed + 1),
+                say=self.say,
+            )
+        return self.faults
+
+    async def server_fault(self, kind: str) -> None:
+        """One fault of one cluster node, over once the cluster is whole again (restarted,
+        resumed, current, every leader elected)."""
+        window = Window("cluster", time.monotonic())
         self.windows.append(window)
-        assert self.nc is not None
         try:
-            await asyncio.to_thread(self.server.kill, index)
-            self.say(f"nats: SIGKILL of {name}, the runs stream's leader")
-            # Until the survivors elect one (raft's election timeout), the stream has no
-            # leader: publishes get no responders, acks and pulls go unanswered.
-            await leader_other_than(self.nc, self.names.runs_stream, None, exclude=name)
-            leaderless = time.monotonic() - window.start
-            self.report.max_leaderless_s = max(self.report.max_leaderless_s, leaderless)
-            self.say(f"nats: the runs stream has a new leader after {leaderless:.1f}s")
-            rest = self.cfg.leader_outage_s - (time.monotonic() - window.start)
-            await asyncio.sleep(max(0.0, rest))  # the outage's length, on purpose
+            fault = await self.cluster_faults().run(kind)
         finally:
-            await asyncio.to_thread(self.server.restart, index)
-            for consumer in (None, self.names.consumer):  # whole again before the next fault
-                await leader_other_than(self.nc, self.names.runs_stream, consumer, exclude=None)
             window.end = time.monotonic()
-            self.report.leader_kills += 1
-            self.say(f"nats: {name} restarted and current")
+        self.report.server_faults[kind] += 1
+        self.report.leader_kills += kind == "kill_stream_leader"
+        self.report.max_leaderless_s = max(self.report.max_leaderless_s, fault.broker_wait_s)
 
     async def store_fault(self) -> None:
         """Hold SQLite's write lock longer than the busy timeout: every writer of every process
@@ -1324,6 +1356,14 @@ class Soak:
         if len(self.launched) < self.cfg.runs:
             rep.violations.append(f"only {len(self.launched)} of {self.cfg.runs} runs launched")
         await self.leases_settle(within=ACK_WAIT_S + 2.0)
+        rep.dedupe_answered = self.dedupe.count + count_dedupe_answers(
+            proc.log() for proc in self.history
+        )
+        assert self.js is not None
+        try:
+            rep.redeliveries = await count_redeliveries(self.js, self.names)
+        except Exception as exc:  # noqa: BLE001 - evidence only: the verdict does not need it
+            self.say(f"delivery log not read: {exc!r}")
         lines = _ledger(self.ledger)
         completions = _ledger(self.done)
         killed_like = {rp.owner: rp for rp in self.history if rp.owner and rp.ended}
@@ -1649,7 +1689,11 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
     p.add_argument("--nats-outage-s", type=float, default=8.0, help="how long NATS stays down")
     p.add_argument("--nats-cluster", type=int, default=1, metavar="N", help="N servers, R=N")
     p.add_argument("--leader-kills", type=int, default=1, help="with --nats-cluster")
-    p.add_argument("--leader-outage-s", type=float, default=5.0)
+    p.add_argument("--leader-outage-s", type=float, default=5.0, help="a killed node's outage")
+    p.add_argument(
+        "--server-faults", type=int, default=0, metavar="N", help="with --nats-cluster: N faults"
+    )
+    p.add_argument("--pause-s", type=float, default=12.0, help="a SIGSTOPped node's pause")
     p.add_argument("--store-faults", type=int, default=1)
     p.add_argument("--store-fault-s", type=float, default=12.0)
     p.add_argument("--post-engine-store-faults", type=int, default=1, metavar="N")
@@ -1682,6 +1726,8 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         nats_cluster=a.nats_cluster,
         leader_kills=a.leader_kills,
         leader_outage_s=a.leader_outage_s,
+        server_faults=a.server_faults,
+        pause_s=a.pause_s,
         store_faults=a.store_faults,
         store_fault_s=a.store_fault_s,
         post_engine_store_faults=a.post_engine_store_faults,
