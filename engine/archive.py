@@ -9,7 +9,10 @@ things, and each is easy to get subtly wrong in its own copy:
   read; a member whose size, mtime, ctime or inode moved is named in `ArchiveStats.raced` and a
   caller may tar again. A short read is padded to the size the header promised, so the archive
   stays well-formed whatever happened to the file. The gzip level is always explicit (level 1
-  is about 2.5 times faster than `tar czf`'s default 6 on mixed trees; see adr/0011).
+  is about 2.5 times faster than `tar czf`'s default 6 on mixed trees; see adr/0011). The tar
+  stream is built here (GNU headers written directly, one `scandir` walk) while worker threads
+  deflate the previous chunks: zlib releases the GIL, so the per-member Python work and the
+  compression overlap instead of adding up (docs/performance.md §6).
 - *opening* an archive someone else made: gzip and tar structure, no absolute member, no `..`,
   no link that points out of the destination, no device, fifo or socket, and a cap — all
   checked on the host before a single byte is written (`check_archive`), then extracted with
@@ -21,11 +24,13 @@ Both take a `cap_bytes` on the *compressed* archive: that is what is stored and 
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import stat
+import struct
 import tarfile
 import zlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -43,6 +48,9 @@ __all__ = [
 ]
 
 _CHUNK = 1024 * 1024
+"""Tar bytes handed to a compressor at a time (and the largest single read of a file)."""
+_WORKERS = 2
+"""Compressor threads: the machines this runs on have at least two cores."""
 
 
 class ArchiveError(RunfleetError, code="archive_error"):
@@ -82,41 +90,62 @@ class ArchiveStats:
     """No member at all: the directory held nothing."""
 
 
-class _Counting:
-    """A write-only file object that counts what passes and enforces the cap as it goes."""
+class _GzipPipe:
+    """One gzip stream whose deflate runs in worker threads while the caller builds the next
+    chunk of the tar (zlib releases the GIL). Chunks are compressed pigz-style: each by its own
+    compressor primed with the previous chunk's last 32 KiB and ended with a sync flush, so the
+    output is one ordinary deflate stream in one gzip member — what `tar xzf`, `gzip -t` and
+    Python's `gzip` open, byte for byte as if one compressor had made it. The cap is enforced
+    on the compressed bytes as they are written."""
 
-    def __init__(self, raw: BinaryIO, cap_bytes: int | None) -> None:
+    def __init__(self, raw: BinaryIO, level: int, cap_bytes: int | None) -> None:
         self.raw = raw
+        self.level = level
         self.cap_bytes = cap_bytes
         self.written = 0
+        self.buf = bytearray()
+        self._crc = 0
+        self.size = 0
+        """Tar bytes shipped so far."""
+        self._zdict = b""
+        self._pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="runfleet-gzip")
+        self._pending: deque[Future[bytes]] = deque()
+        xfl = 4 if level == 1 else 2 if level == 9 else 0
+        self._out(b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + bytes((xfl, 255)))
 
-    def write(self, data: bytes) -> int:
+    def _out(self, data: bytes) -> None:
         self.written += len(data)
         if self.cap_bytes is not None and self.written > self.cap_bytes:
             raise ArchiveOverCap(self.written, self.cap_bytes)
-        return self.raw.write(data)
+        self.raw.write(data)
 
-    def flush(self) -> None:
-        self.raw.flush()
+    def _deflate(self, chunk: bytearray, zdict: bytes) -> bytes:
+        args = (self.level, zlib.DEFLATED, -zlib.MAX_WBITS, zlib.DEF_MEM_LEVEL, 0)
+        z = zlib.compressobj(*args, zdict) if zdict else zlib.compressobj(*args)
+        return z.compress(chunk) + z.flush(zlib.Z_SYNC_FLUSH)
 
+    def ship(self) -> None:
+        """Hands the buffered tar bytes to a worker; writes what finished, in order."""
+        chunk, self.buf = self.buf, bytearray()
+        if not chunk:
+            return
+        self._crc = zlib.crc32(chunk, self._crc)
+        self.size += len(chunk)
+        self._pending.append(self._pool.submit(self._deflate, chunk, self._zdict))
+        self._zdict = bytes(chunk[-32768:])
+        while len(self._pending) > 2 * _WORKERS:
+            self._out(self._pending.popleft().result())
 
-class _Exactly:
-    """Reads exactly `size` bytes from `f`: a file that shrank mid-read is padded with zeros
-    (and flagged), a file that grew is cut at the size its header already promised."""
+    def close(self) -> None:
+        self.ship()
+        while self._pending:
+            self._out(self._pending.popleft().result())
+        self._out(zlib.compressobj(self.level, zlib.DEFLATED, -zlib.MAX_WBITS).flush())
+        self._out(struct.pack("<II", self._crc & 0xFFFFFFFF, self.size & 0xFFFFFFFF))
+        self._pool.shutdown()
 
-    def __init__(self, f: BinaryIO, size: int) -> None:
-        self.f = f
-        self.left = size
-        self.short = False
-
-    def read(self, n: int = -1) -> bytes:
-        want = self.left if n < 0 else min(n, self.left)
-        data = self.f.read(want) if want else b""
-        if len(data) < want:
-            self.short = True
-            data += b"\0" * (want - len(data))
-        self.left -= len(data)
-        return data
+    def abort(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
@@ -128,35 +157,69 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
     )
 
 
-def _info(arcname: str, st: os.stat_result) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(arcname)
-    info.mode = stat.S_IMODE(st.st_mode)
-    info.mtime = int(st.st_mtime)
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
+_IDS = b"0000000\x00" * 2  # uid, gid 0
+_TAIL = tarfile.GNU_MAGIC + bytes(255 - len(tarfile.GNU_MAGIC))  # uname .. padding, empty
 
 
-def _add_file(tar: tarfile.TarFile, path: Path, arcname: str, before: os.stat_result) -> bool:
-    """Adds one regular file; True when it raced (changed between the stat before and after)."""
+def _header(name: str, st: os.stat_result, kind: bytes, size: int = 0, link: str = "") -> bytes:
+    """The GNU tar header block(s) of one member, as `TarInfo.tobuf(GNU_FORMAT)` would write
+    them (uid/gid 0, no user names). Built directly for the common case — a name and link of at
+    most 100 bytes and numbers that fit in octal — because `tarfile`'s own header path costs
+    more than the read of a small file; anything else goes through `tarfile`."""
+    raw_name = name.encode("utf-8", "surrogateescape")
+    raw_link = link.encode("utf-8", "surrogateescape")
+    mode = stat.S_IMODE(st.st_mode)
+    mtime = int(st.st_mtime)
+    if len(raw_name) > 100 or len(raw_link) > 100 or size >= 8**11 or not 0 <= mtime < 8**11:
+        info = tarfile.TarInfo(name)
+        info.mode, info.mtime, info.size, info.type, info.linkname = mode, mtime, size, kind, link
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+    head = b"".join(
+        (raw_name.ljust(100, b"\x00"), b"%07o\x00" % mode, _IDS, b"%011o\x00" % size)
+    ) + (b"%011o\x00" % mtime)
+    rest = kind + raw_link.ljust(100, b"\x00") + _TAIL
+    return head + (b"%06o\x00 " % (sum(head) + 256 + sum(rest))) + rest
+
+
+def _read(fd: int, n: int) -> bytes:
+    """One read of a member's bytes (a seam: the tests rewrite a file under it)."""
+    return os.read(fd, n)
+
+
+def _add_file(pipe: _GzipPipe, path: str, arcname: str, before: os.stat_result) -> bool:
+    """Adds one regular file; True when it raced (changed between the stat before and after).
+    Exactly the size its header promised is written: a file that shrank mid-read is padded with
+    zeros (and raced), one that grew is cut (its stat after moved: raced)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return True
-    with os.fdopen(fd, "rb") as f:
+    try:
         opened = os.fstat(fd)
-        info = _info(arcname, opened)
-        info.size = opened.st_size
-        reader = _Exactly(f, info.size)
-        tar.addfile(info, reader)
+        size = opened.st_size
+        pipe.buf += _header(arcname, opened, tarfile.REGTYPE, size)
+        left, short = size, False
+        while left:
+            data = _read(fd, min(left, _CHUNK))
+            if not data:
+                short = True
+                pipe.buf += bytes(left)
+                break
+            pipe.buf += data
+            left -= len(data)
+            if len(pipe.buf) >= _CHUNK:
+                pipe.ship()
+        pipe.buf += bytes(-size % tarfile.BLOCKSIZE)
         after = os.fstat(fd)
+    finally:
+        os.close(fd)
     try:
         again = os.lstat(path)
     except FileNotFoundError:
         return True
-    return reader.short or not (
-        _same(before, opened) and _same(opened, after) and _same(after, again)
-    )
+    return short or not (_same(before, opened) and _same(opened, after) and _same(after, again))
 
 
 def make_archive(
@@ -170,61 +233,60 @@ def make_archive(
         raise ValueError(f"gzip level must be 0..9, not {level}")
     stats = ArchiveStats(bytes=0, members=0)
     try:
-        with open(dest, "wb") as raw:
-            counting = _Counting(raw, cap_bytes)
-            with (
-                gzip.GzipFile(
-                    filename="",
-                    mode="wb",
-                    fileobj=counting,
-                    compresslevel=level,
-                    mtime=0,
-                ) as gz,
-                io.BufferedWriter(gz, _CHUNK) as buffered,  # few, large compress() calls
-                tarfile.open(fileobj=buffered, mode="w", format=tarfile.GNU_FORMAT) as tar,
-            ):
-                tar.copybufsize = _CHUNK  # type: ignore[attr-defined]
-                _walk(tar, src_dir, stats)
+        with open(dest, "wb", buffering=0) as raw:
+            pipe = _GzipPipe(raw, level, cap_bytes)
+            try:
+                _walk(pipe, os.fspath(src_dir), "", stats)
+                end = tarfile.BLOCKSIZE * 2  # two zero blocks, then up to a whole record
+                total = pipe.size + len(pipe.buf) + end
+                pipe.buf += bytes(end + -total % tarfile.RECORDSIZE)
+                pipe.close()
+            except BaseException:
+                pipe.abort()
+                raise
     except BaseException:
         dest.unlink(missing_ok=True)
         raise
     stats.bytes = dest.stat().st_size
-    if cap_bytes is not None and stats.bytes > cap_bytes:
-        dest.unlink(missing_ok=True)
-        raise ArchiveOverCap(stats.bytes, cap_bytes)
     stats.empty = stats.members == 0
     return stats
 
 
-def _walk(tar: tarfile.TarFile, src_dir: Path, stats: ArchiveStats) -> None:
-    for root, dirs, files in os.walk(src_dir):
-        dirs.sort()
-        base = Path(root)
-        for name in [*dirs, *sorted(files)]:
-            path = base / name
-            arcname = path.relative_to(src_dir).as_posix()
+def _walk(pipe: _GzipPipe, directory: str, prefix: str, stats: ArchiveStats) -> None:
+    """One directory's entries in name order, then each subdirectory's (not following links)."""
+    with os.scandir(directory) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    subdirs = []
+    for entry in entries:
+        arcname = prefix + entry.name
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            stats.raced.append(arcname)
+            continue
+        if stat.S_ISREG(st.st_mode):
+            if _add_file(pipe, entry.path, arcname, st):
+                stats.raced.append(arcname)
+        elif stat.S_ISDIR(st.st_mode):
+            pipe.buf += _header(arcname + "/", st, tarfile.DIRTYPE)
+            subdirs.append(entry)
+        elif stat.S_ISLNK(st.st_mode):
             try:
-                st = os.lstat(path)
+                link = os.readlink(entry.path)
             except FileNotFoundError:
                 stats.raced.append(arcname)
                 continue
-            if stat.S_ISREG(st.st_mode):
-                if _add_file(tar, path, arcname, st):
-                    stats.raced.append(arcname)
-            elif stat.S_ISDIR(st.st_mode):
-                info = _info(arcname, st)
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            elif stat.S_ISLNK(st.st_mode):
-                info = _info(arcname, st)
-                info.type = tarfile.SYMTYPE
-                info.linkname = os.readlink(path)
-                tar.addfile(info)
-                if name in dirs:  # os.walk lists a link to a directory among dirs: not followed
-                    dirs.remove(name)
-            else:
-                continue
-            stats.members += 1
+            pipe.buf += _header(arcname, st, tarfile.SYMTYPE, link=link)
+        else:
+            continue
+        stats.members += 1
+        if len(pipe.buf) >= _CHUNK:
+            pipe.ship()
+    for entry in subdirs:
+        try:
+            _walk(pipe, entry.path, prefix + entry.name + "/", stats)
+        except FileNotFoundError:  # removed since it was listed
+            stats.raced.append(prefix + entry.name)
 
 
 def _refusal(member: tarfile.TarInfo) -> str | None:

@@ -8,6 +8,7 @@ import io
 import os
 import tarfile
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,49 @@ def test_not_gzip_truncated_or_over_the_cap_is_refused(tmp_path: Path) -> None:
     junk.write_bytes(gzip.compress(b"not a tar at all" * 100))
     with pytest.raises(ArchiveRefused):
         check_archive(junk)
+
+
+def test_headers_are_what_tarfile_writes_for_short_long_and_non_ascii_names(tmp_path: Path) -> None:
+    from engine.archive import _header
+
+    (tmp_path / "f").write_bytes(b"x")
+    st = os.lstat(tmp_path / "f")
+    for name, kind, link in [
+        ("a/b.txt", tarfile.REGTYPE, ""),
+        ("d" * 99 + "/", tarfile.DIRTYPE, ""),
+        ("n" * 100, tarfile.REGTYPE, ""),
+        ("long/" * 40 + "name", tarfile.REGTYPE, ""),
+        ("caf\u00e9/\udcff", tarfile.SYMTYPE, "t" * 150),
+    ]:
+        info = tarfile.TarInfo(name)
+        info.mode, info.mtime, info.type, info.linkname = (
+            st.st_mode & 0o7777,
+            int(st.st_mtime),
+            kind,
+            link,
+        )
+        info.size = 1 if kind == tarfile.REGTYPE else 0
+        info.uname = info.gname = ""
+        want = info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+        assert _header(name, st, kind, info.size, link) == want, name
+
+
+def test_an_archive_of_a_deep_tree_opens_with_tar_xzf_as_one_gzip_member(tmp_path: Path) -> None:
+    import subprocess
+
+    src = tmp_path / "src"
+    deep = src / ("segment-" * 12) / "x" / ("y" * 120)
+    deep.mkdir(parents=True)
+    for i in range(40):  # several compressor chunks: the pigz-style joins are exercised
+        (deep / f"f{i}.bin").write_bytes(os.urandom(50_000) + bytes(100_000))
+    (src / "caf\u00e9.txt").write_text("non-ascii name")
+    (src / ("l" * 130)).symlink_to("x" * 120)
+    make_archive(src, tmp_path / "out.tgz", level=1)
+    data = (tmp_path / "out.tgz").read_bytes()
+    dec = zlib.decompressobj(31)  # gzip wrapping
+    assert dec.decompress(data)
+    assert dec.eof and dec.unused_data == b""  # one member, nothing after it
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    subprocess.run(["tar", "xzf", str(tmp_path / "out.tgz"), "-C", str(dest)], check=True)
+    assert _tree(dest) == _tree(src)

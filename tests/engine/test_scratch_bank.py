@@ -248,20 +248,20 @@ async def test_a_file_rewritten_during_the_tar_is_reread_and_the_bank_holds_one_
     doc = await parked(a)
     busy = tmp_path / "a" / "scratch" / doc.run_id / "busy.bin"
     tars: list[ArchiveStats] = []
-    real_read = engine.archive._Exactly.read
+    real_read = engine.archive._read
 
-    def read_while_rewritten(self: Any, n: int = -1) -> bytes:
+    def read_while_rewritten(fd: int, n: int) -> bytes:
         if not tars and not getattr(read_while_rewritten, "done", False):
             read_while_rewritten.done = True  # type: ignore[attr-defined]
             busy.write_bytes(b"\2" * (5 << 20))  # the writer rewrites it under the tar
-        return real_read(self, n)
+        return real_read(fd, n)
 
     def tar_and_note(src: Path, dest: Path, **kw: Any) -> ArchiveStats:
         stats = make_archive(src, dest, **kw)
         tars.append(stats)
         return stats
 
-    monkeypatch.setattr(engine.archive._Exactly, "read", read_while_rewritten)
+    monkeypatch.setattr(engine.archive, "_read", read_while_rewritten)
     monkeypatch.setattr(engine.scratch, "make_archive", tar_and_note)
     claimed = await claim_local(a, doc, ResumeRequest(answers=KEEP))
     assert claimed.lease is not None
