@@ -141,6 +141,8 @@ async def _serve_api(port: int) -> None:
     def started(url: str) -> None:
         hint = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (set RUNFLEET_CONSOLE_TOKEN)"
         click.echo(f"  HTTP API on {url}/api/v1{hint}", err=True)
+        ro = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (read-only)"
+        click.echo(f"  console on {url}/ui/{ro}", err=True)
 
     try:
         await serve("127.0.0.1", port, started=started)

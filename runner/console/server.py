@@ -22,6 +22,7 @@ from runner.console.auth import TokenBook, bearer, load_tokens
 from runner.console.errors import ApiError, error_json, response_for
 from runner.console.models import Health
 from runner.console.openapi import document
+from runner.console.pages import create_ui
 from runner.console.routing import ENV, PRINCIPAL, endpoint
 from runner.operations import Env, open_env
 from store import RunfleetError
@@ -30,9 +31,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8470
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 SHUTDOWN_S = 5.0
 """How long a stop waits for open requests (a followed event stream never ends by itself)."""
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/"})
+UI_PREFIX = "/ui"
+"""The console's pages: a browser has no bearer header, so they authenticate by their own
+session cookie and CSRF token (`pages`, `ui_auth`)."""
 BODY_MAX = 4 * 1024 * 1024
 """A workflow source and its vars, or a resume's answers: never near this."""
 
@@ -65,7 +70,7 @@ async def errors_middleware(request: web.Request, handler: Next) -> web.StreamRe
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Next) -> web.StreamResponse:
-    if request.path in OPEN_PATHS:
+    if request.path in OPEN_PATHS or request.path.startswith(f"{UI_PREFIX}/"):
         return await handler(request)
     token = bearer(request.headers.get("Authorization"))
     principal = request.app[TOKENS].lookup(token) if token is not None else None
@@ -88,8 +93,14 @@ async def openapi_json(request: web.Request) -> web.Response:
     return web.json_response(request.app[OPENAPI])
 
 
-def create_app(env: Env, tokens: TokenBook) -> web.Application:
-    """The API over an open `env`; the caller owns `env` (opens and closes it)."""
+async def home(request: web.Request) -> web.StreamResponse:
+    return web.Response(status=303, headers={"Location": f"{UI_PREFIX}/runs"})
+
+
+def create_app(env: Env, tokens: TokenBook, *, open_reads: bool = True) -> web.Application:
+    """The API and the console over an open `env`; the caller owns `env` (opens and closes
+    it). `open_reads`: the console's pages read without a login (as `RUNFLEET_TENANT`, role
+    `read`) — what `serve` allows only on a loopback interface."""
     app = web.Application(
         middlewares=[errors_middleware, auth_middleware], client_max_size=BODY_MAX
     )
@@ -97,6 +108,8 @@ def create_app(env: Env, tokens: TokenBook) -> web.Application:
     app[TOKENS] = tokens
     app[OPENAPI] = document(ROUTES)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/", home)
+    app.add_subapp(UI_PREFIX, create_ui(tokens, open_reads=open_reads))
     app.router.add_get("/openapi.json", openapi_json)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, endpoint(route), name=route.operation_id)
@@ -117,9 +130,8 @@ async def serve(
             log.warning(
                 "no RUNFLEET_API_TOKENS or RUNFLEET_CONSOLE_TOKEN: every request is refused"
             )
-        runner = web.AppRunner(
-            create_app(env, tokens), access_log=None, shutdown_timeout=SHUTDOWN_S
-        )
+        app = create_app(env, tokens, open_reads=host in LOOPBACK)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
         try:
             site = web.TCPSite(runner, host, port)

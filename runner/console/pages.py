@@ -1,0 +1,281 @@
+"""The operator console's web pages (SPEC v2.2 §10b): an aiohttp sub-application under `/ui`,
+server-rendered with Jinja2 (autoescaped: a node's output containing HTML is shown as text) and
+made live by the vendored htmx and its SSE extension (`static/`, shipped in the package; no
+build step).
+
+This module is the frame every page shares: sessions and CSRF (`ui_auth`), the read-only rule,
+the error page, security headers, login and logout. The pages themselves are in `ui_runs`,
+`ui_dlq` and `ui_fleet`; each calls `runner.operations` exactly as the CLI and the API do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from aiohttp import web
+
+from publisher.nats_errors import NATS_ERRORS, translate_nats_error
+from runner.console.auth import Principal, TokenBook
+from runner.console.errors import ApiError, status_for
+from runner.console.routing import ENV, Call, scoped
+from runner.console.ui_auth import COOKIE, SessionBook, Viewer, csrf_ok, set_cookie
+from store import RunfleetError, utcnow
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/ui"
+HERE = Path(__file__).parent
+SESSIONS = web.AppKey("runfleet.ui.sessions", SessionBook)
+UI_TOKENS = web.AppKey("runfleet.ui.tokens", TokenBook)
+OPEN_READS = web.AppKey("runfleet.ui.open_reads", bool)
+VIEWER = web.RequestKey("runfleet.ui.viewer", Viewer)
+FORM = web.RequestKey("runfleet.ui.form", dict[str, list[str]])
+LIVE_POLL_S = 0.5
+"""How often a live page's stream looks for changes (the same as `events --follow`)."""
+KEEPALIVE_EVERY = 30
+"""Polls between keep-alive comments on a quiet stream."""
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+    " connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
+
+Next = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _age(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    seconds = max((utcnow() - value).total_seconds(), 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+def _cap(value: Any, limit: int = 4000) -> str:
+    """A value as text, at most `limit` characters (node outputs can be a megabyte)."""
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, default=str)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n… ({len(text) - limit} more characters; `runfleet status --json`)"
+
+
+def _compact(value: Any, limit: int = 300) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(HERE / "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+TEMPLATES.filters["age"] = _age
+TEMPLATES.filters["cap"] = _cap
+TEMPLATES.filters["compact"] = _compact
+TEMPLATES.filters["dt"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S") if d else "-"
+
+
+def fragment(name: str, **context: Any) -> str:
+    return TEMPLATES.get_template(name).render(**context)
+
+
+def page(request: web.Request, name: str, status: int = 200, **context: Any) -> web.Response:
+    viewer = request[VIEWER]
+    flash, viewer.session.flash = viewer.session.flash, None
+    html = fragment(name, viewer=viewer, path=request.path_qs, flash=flash, **context)
+    return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+
+
+def viewer(request: web.Request) -> Viewer:
+    return request[VIEWER]
+
+
+def call_of(request: web.Request) -> Call:
+    """The request as the API's handlers see one: the env scoped to the viewer's tenant, so the
+    console reuses their ownership checks (`routing.owned_run`, `dlq_api.owner_of`)."""
+    env = request.config_dict[ENV]
+    who = request[VIEWER].principal
+    return Call(request, scoped(env, who.tenant), who, env.tenant, None)
+
+
+def form_value(request: web.Request, name: str) -> str:
+    values = request[FORM].get(name) or [""]
+    return values[0]
+
+
+def form_values(request: web.Request, name: str) -> list[str]:
+    return request[FORM].get(name, [])
+
+
+def require_write(request: web.Request) -> None:
+    who = request[VIEWER]
+    if not who.may_write:
+        raise ApiError(
+            403,
+            "forbidden",
+            who.read_only_reason or "this console is read-only",
+            "log in with the operator token (RUNFLEET_CONSOLE_TOKEN)",
+        )
+
+
+def redirect(location: str) -> web.Response:
+    """A 303 to `location` (returned, not raised: a page that acted shows its result)."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+def sse_event(name: str, html: str) -> bytes:
+    """One server-sent event whose data is an HTML fragment (every line prefixed)."""
+    lines = "".join(f"data: {line}\n" for line in html.splitlines() or [""])
+    return f"event: {name}\n{lines}\n".encode()
+
+
+async def live(
+    request: web.Request, render: Callable[[], Awaitable[dict[str, str]]]
+) -> web.StreamResponse:
+    """A stream of HTML fragments by name: `render` is called every `LIVE_POLL_S`, and each
+    fragment that changed since it was last sent goes out as an event of its name (htmx's SSE
+    extension swaps it into the element with `sse-swap="<name>"`)."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    sent: dict[str, str] = {}
+    quiet = 0
+    try:
+        while True:
+            try:
+                fragments = await render()
+            except RunfleetError as exc:
+                fragments = {"problem": f"<p class='problem'>{exc.code}: {exc.message}</p>"}
+            changed = {k: v for k, v in fragments.items() if sent.get(k) != v}
+            for name, html in changed.items():
+                await response.write(sse_event(name, html))
+            sent.update(changed)
+            quiet = 0 if changed else quiet + 1
+            if quiet >= KEEPALIVE_EVERY:
+                await response.write(b": keep-alive\n\n")
+                quiet = 0
+            await asyncio.sleep(LIVE_POLL_S)
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass  # the browser left, or the server stops
+    return response
+
+
+def _anonymous(request: web.Request) -> Principal:
+    return Principal(request.config_dict[ENV].tenant, "read")
+
+
+def _error_page(request: web.Request, status: int, error: dict[str, object]) -> web.Response:
+    return page(request, "error.html", status=status, error=error)
+
+
+@web.middleware
+async def ui_middleware(request: web.Request, handler: Next) -> web.StreamResponse:
+    book = request.app[SESSIONS]
+    session = book.get(request.cookies.get(COOKIE))
+    fresh = session is None
+    if session is None:
+        session = book.new()
+    tokens = request.app[UI_TOKENS]
+    logged_in = session.principal is not None
+    principal = session.principal or _anonymous(request)
+    request[VIEWER] = Viewer(session, principal, logged_in, bool(len(tokens)))
+    response = await _guarded(request, handler, logged_in)
+    if fresh:
+        set_cookie(response, session, request.secure)
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+async def _guarded(request: web.Request, handler: Next, logged_in: bool) -> web.StreamResponse:
+    open_path = request.path in (f"{PREFIX}/login",) or request.path.startswith(f"{PREFIX}/static/")
+    try:
+        if not logged_in and not request.app[OPEN_READS] and not open_path:
+            return redirect(f"{PREFIX}/login")
+        if request.method == "POST":
+            form = await request.post()
+            request[FORM] = {k: [str(v) for v in form.getall(k)] for k in form}
+            if not csrf_ok(request[VIEWER].session, form_value(request, "csrf") or None):
+                raise ApiError(
+                    403, "csrf", "the form's CSRF token is missing or stale", "reload the page"
+                )
+        else:
+            request[FORM] = {}
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error_page(request, exc.status, {"code": "http_error", "message": exc.reason})
+    except ApiError as exc:
+        return _error_page(request, exc.status, exc.to_dict())
+    except RunfleetError as exc:
+        status = status_for(exc)
+        body: dict[str, object] = (
+            dict(exc.to_dict()) if status != 500 else {"code": exc.code, "message": exc.message}
+        )
+        return _error_page(request, status, body)
+    except NATS_ERRORS as exc:
+        return _error_page(request, 503, translate_nats_error(exc).to_dict())
+
+
+async def login_form(request: web.Request) -> web.Response:
+    return page(request, "login.html", problem=None)
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    principal = request.app[UI_TOKENS].lookup(form_value(request, "token").strip())
+    if principal is None:
+        return page(request, "login.html", status=401, problem="unknown token")
+    book = request.app[SESSIONS]
+    book.drop(request[VIEWER].session.sid)
+    session = book.new(principal)  # a new id: one planted before the login is worth nothing
+    response = redirect(f"{PREFIX}/runs")
+    set_cookie(response, session, request.secure)
+    return response
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    request.app[SESSIONS].drop(request[VIEWER].session.sid)
+    response = redirect(f"{PREFIX}/runs")
+    response.del_cookie(COOKIE, path="/")
+    return response
+
+
+async def home(request: web.Request) -> web.StreamResponse:
+    return redirect(f"{PREFIX}/runs")
+
+
+def create_ui(tokens: TokenBook, *, open_reads: bool) -> web.Application:
+    """The console's pages, to mount at `PREFIX` on the API's app (its `ENV` is read through
+    `config_dict`)."""
+    from runner.console import ui_dlq, ui_fleet, ui_runs
+
+    ui = web.Application(middlewares=[ui_middleware])
+    ui[SESSIONS] = SessionBook()
+    ui[UI_TOKENS] = tokens
+    ui[OPEN_READS] = open_reads
+    ui.router.add_get("", home)
+    ui.router.add_get("/", home)
+    ui.router.add_get("/login", login_form)
+    ui.router.add_post("/login", login)
+    ui.router.add_post("/logout", logout)
+    ui.router.add_static("/static", HERE / "static")
+    ui_runs.add_routes(ui.router)
+    ui_dlq.add_routes(ui.router)
+    ui_fleet.add_routes(ui.router)
+    return ui

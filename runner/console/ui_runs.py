@@ -1,0 +1,345 @@
+"""The console's run pages (SPEC v2.2 §10b): the runs list with live counts, one run with its
+merged timeline updating live, and its actions — answer the pending questions, resume, cancel,
+rewind — each through `runner.operations`, as `runfleet resume|cancel|rewind` does.
+
+The answer form is typed from the pending questions' schema, and its values go in exactly as
+`--answer NAME=VALUE` strings do (`ResumeRequest.cli_answers`): the engine's coercion is the one
+judge, so a wrongly typed answer is refused with the CLI's own `answers_invalid` message, shown
+beside its field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from engine.errors import AnswersInvalid, AnswersRequired
+from engine.resume import ResumeRequest
+from runner import operations as ops
+from runner.console.models import BudgetRequest, RunOut
+from runner.console.pages import (
+    call_of,
+    form_value,
+    fragment,
+    live,
+    page,
+    redirect,
+    require_write,
+    viewer,
+)
+from runner.console.remedies import what_to_do
+from runner.console.routing import invalid, owned_run
+from runner.delivery_log import DeliveryEntry, read_deliveries
+from runner.operations.retry_wait import waiting_retry
+from runner.operations.runs import TimelineEntry, merge_timeline
+from store import Event, RunDocument, RunStatus
+from store.settings import DURATION_FORM
+from store.timeutil import parse_duration
+
+RUNS_SHOWN = 100
+TIMELINE_SHOWN = 500
+"""The newest entries of a run's timeline a page shows (`runfleet events` has them all)."""
+EVENTS_READ = 10_000
+RESUMABLE = frozenset(
+    {
+        RunStatus.PAUSED_WAITING_HUMAN,
+        RunStatus.PAUSED_OPERATOR,
+        RunStatus.FAILED_RESUMABLE,
+        RunStatus.CANCELLED,
+    }
+)
+CANCELLABLE = frozenset(
+    {
+        RunStatus.QUEUED,
+        RunStatus.RUNNING,
+        RunStatus.PAUSED_WAITING_HUMAN,
+        RunStatus.PAUSED_OPERATOR,
+        RunStatus.FAILED_RESUMABLE,
+    }
+)
+
+
+# -- the runs list ------------------------------------------------------------------------------
+
+
+def _filters(request: web.Request) -> dict[str, Any]:
+    query = request.query
+    known = {s.value for s in RunStatus}
+    statuses = [s for s in query.getall("status", []) if s]
+    for given in statuses:
+        if given not in known:
+            raise invalid(f"status: {given[:40]!r} is not one of {', '.join(sorted(known))}")
+    since = query.get("since") or None
+    try:
+        within = parse_duration(since) if since else None
+    except ValueError:
+        raise invalid(f"since: {since!r} is not accepted: expected {DURATION_FORM}") from None
+    return {
+        "statuses": [RunStatus(s) for s in statuses],
+        "failure_codes": [c for c in query.getall("code", []) if c],
+        "workflow": query.get("workflow") or None,
+        "created_within": within,
+        "since": since or "",
+    }
+
+
+async def _runs_fragments(request: web.Request) -> dict[str, str]:
+    call = call_of(request)
+    filters = _filters(request)
+    listed = await ops.list_runs(
+        call.env,
+        statuses=filters["statuses"],
+        failure_codes=filters["failure_codes"],
+        workflow=filters["workflow"],
+        created_within=filters["created_within"],
+        limit=RUNS_SHOWN,
+        newest_first=True,
+    )
+    counts = await call.env.store.status_counts(call.principal.tenant)
+    return {
+        "counts": fragment("_counts.html", counts={str(k): v for k, v in counts.items()}),
+        "runs": fragment("_runs_rows.html", runs=listed.runs),
+    }
+
+
+async def runs_page(request: web.Request) -> web.Response:
+    fragments = await _runs_fragments(request)
+    filters = _filters(request)
+    return page(
+        request,
+        "runs.html",
+        fragments=fragments,
+        filters=filters,
+        statuses=[s.value for s in RunStatus],
+        query=request.query_string,
+    )
+
+
+async def runs_live(request: web.Request) -> web.StreamResponse:
+    _filters(request)  # a bad filter is refused before the stream begins
+    return await live(request, lambda: _runs_fragments(request))
+
+
+# -- one run ------------------------------------------------------------------------------------
+
+
+def _outputs(doc: RunDocument) -> dict[str, Any]:
+    return doc.checkpoint.outputs if doc.checkpoint else {}
+
+
+async def _context(request: web.Request, doc: RunDocument) -> dict[str, Any]:
+    call = call_of(request)
+    retry = await waiting_retry(call.env, doc)
+    out = RunOut.of(doc, retry)
+    completed = list(doc.checkpoint.completed) if doc.checkpoint else []
+    return {
+        "run": doc,
+        "out": out,
+        "retry": retry.describe() if retry else None,
+        "advice": what_to_do(doc.failure_code),
+        "usage": doc.checkpoint.usage if doc.checkpoint else None,
+        "resumable": doc.status in RESUMABLE,
+        "cancellable": doc.status in CANCELLABLE,
+        "completed": completed,
+    }
+
+
+def _timeline_html(entries: Sequence[TimelineEntry]) -> str:
+    shown = list(entries)[-TIMELINE_SHOWN:]
+    return fragment("_timeline.html", entries=shown, hidden=max(len(entries) - TIMELINE_SHOWN, 0))
+
+
+def _run_fragments(
+    request: web.Request, context: dict[str, Any], entries: Sequence[TimelineEntry]
+) -> dict[str, str]:
+    who = viewer(request)
+    return {
+        "summary": fragment("_summary.html", viewer=who, **context),
+        "outputs": fragment("_outputs.html", outputs=_outputs(context["run"])),
+        "timeline": _timeline_html(entries),
+    }
+
+
+async def _timeline(request: web.Request, run_id: str) -> list[TimelineEntry]:
+    entries: list[TimelineEntry] = []
+    async for batch in ops.timeline_batches(call_of(request).env, run_id):
+        entries.extend(batch)
+    return entries
+
+
+async def run_page(
+    request: web.Request,
+    *,
+    errors: dict[str, str] | None = None,
+    values: dict[str, str] | None = None,
+    problem: dict[str, object] | None = None,
+    status: int = 200,
+) -> web.Response:
+    doc = await owned_run(call_of(request), request.match_info["run_id"])
+    context = await _context(request, doc)
+    fragments = _run_fragments(request, context, await _timeline(request, doc.run_id))
+    actions = fragment(
+        "_actions.html",
+        viewer=viewer(request),
+        errors=errors or {},
+        values=values or {},
+        problem=problem,
+        **context,
+    )
+    return page(
+        request,
+        "run.html",
+        status=status,
+        fragments=fragments,
+        actions=actions,
+        **context,
+    )
+
+
+async def run_view(request: web.Request) -> web.Response:
+    return await run_page(request)
+
+
+async def run_live(request: web.Request) -> web.StreamResponse:
+    """The run's summary, outputs and timeline as they change; its actions too, once its
+    status is no longer the one the page was drawn with (typing in a form is never wiped)."""
+    call = call_of(request)
+    doc = await owned_run(call, request.match_info["run_id"])
+    drawn_with = request.query.get("status", "")
+    events: list[Event] = []
+    logged: list[DeliveryEntry] = []
+    cursor = {"event": 0, "log": 0}
+    async with call.env.publisher() as publisher:
+
+        async def render() -> dict[str, str]:
+            now = await call.env.store.get_run(doc.run_id)
+            new = await call.env.store.read_events(
+                doc.run_id, after_seq=cursor["event"], limit=EVENTS_READ
+            )
+            if new:
+                cursor["event"] = new[-1].seq
+                events.extend(new)
+            more = await read_deliveries(
+                publisher.js, publisher.names, doc.run_id, after=cursor["log"]
+            )
+            if more:
+                cursor["log"] = more[-1][0]
+                logged.extend(entry for _, entry in more)
+            context = await _context(request, now)
+            out = _run_fragments(request, context, merge_timeline(events, logged))
+            if now.status.value != drawn_with:
+                out["actions"] = fragment(
+                    "_actions.html",
+                    viewer=viewer(request),
+                    errors={},
+                    values={},
+                    problem=None,
+                    **context,
+                )
+            return out
+
+        return await live(request, render)
+
+
+# -- actions ------------------------------------------------------------------------------------
+
+
+def _run_url(run_id: str) -> str:
+    return f"/ui/runs/{run_id}"
+
+
+def _flash(request: web.Request, message: str) -> None:
+    viewer(request).session.flash = message
+
+
+async def answer(request: web.Request) -> web.StreamResponse:
+    """Resume a `paused_waiting_human` run with the form's answers, as `--answer k=v`."""
+    require_write(request)
+    call = call_of(request)
+    doc = await owned_run(call, request.match_info["run_id"])
+    prompt = RunOut.of(doc).prompt
+    names = [str(q.get("name")) for q in prompt.questions] if prompt else []
+    values = {name: form_value(request, f"answer.{name}") for name in names}
+    given = {name: value for name, value in values.items() if value.strip() != ""}
+    try:
+        done = await ops.resume(call.env, doc.run_id, ResumeRequest(cli_answers=given))
+    except AnswersInvalid as exc:
+        errors = {exc.field: f"{exc.code}: {exc.message} — {exc.remedy}"}
+        return await run_page(request, errors=errors, values=values, status=422)
+    except AnswersRequired as exc:
+        text = f"{exc.code}: {exc.message} — {exc.remedy}"
+        errors = {name: text for name in exc.missing}
+        return await run_page(request, errors=errors, values=values, status=422)
+    _flash(request, f"answered: attempt {done.attempt} queued ({done.status.value})")
+    return redirect(_run_url(doc.run_id))
+
+
+def _budget(request: web.Request) -> BudgetRequest:
+    def given(name: str) -> str | None:
+        return form_value(request, name).strip() or None
+
+    duration, cost, iterations = (
+        given("max_duration"),
+        given("max_cost_usd"),
+        given("max_iterations"),
+    )
+    try:
+        return BudgetRequest(
+            max_duration_s=parse_duration(duration).total_seconds() if duration else None,
+            max_cost_usd=float(cost) if cost else None,
+            max_iterations=int(iterations) if iterations else None,
+        )
+    except ValueError as exc:  # pydantic's ValidationError is one too
+        raise invalid(
+            f"a raised cap does not read: {str(exc).splitlines()[0]}",
+            f"max duration as {DURATION_FORM}; iterations an integer ≥ 1; cost a number ≥ 0",
+        ) from None
+
+
+async def resume(request: web.Request) -> web.StreamResponse:
+    require_write(request)
+    call = call_of(request)
+    doc = await owned_run(call, request.match_info["run_id"])
+    req = ResumeRequest(
+        force=form_value(request, "force") == "yes",
+        accept_scratch_loss=form_value(request, "accept_scratch_loss") == "yes",
+        budget=_budget(request).to_budget(),
+    )
+    done = await ops.resume(call.env, doc.run_id, req)
+    _flash(request, f"resumed: attempt {done.attempt} queued ({done.status.value})")
+    return redirect(_run_url(doc.run_id))
+
+
+async def cancel(request: web.Request) -> web.StreamResponse:
+    require_write(request)
+    call = call_of(request)
+    doc = await owned_run(call, request.match_info["run_id"])
+    done = await ops.cancel(call.env, doc.run_id)
+    _flash(request, f"cancel: the run is {done.status.value}")
+    return redirect(_run_url(doc.run_id))
+
+
+async def rewind(request: web.Request) -> web.StreamResponse:
+    require_write(request)
+    call = call_of(request)
+    doc = await owned_run(call, request.match_info["run_id"])
+    node = form_value(request, "node")
+    if not node:
+        raise invalid("name the node to rewind to")
+    result = await ops.rewind(call.env, doc.run_id, node)
+    dropped = ", ".join(result.dropped) or "nothing"
+    _flash(request, f"rewound to {node} (dropped {dropped}); resume when ready")
+    return redirect(_run_url(doc.run_id))
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/runs", runs_page)
+    router.add_get("/runs/live", runs_live)
+    router.add_get("/runs/{run_id}", run_view)
+    router.add_get("/runs/{run_id}/live", run_live)
+    router.add_post("/runs/{run_id}/answer", answer)
+    router.add_post("/runs/{run_id}/resume", resume)
+    router.add_post("/runs/{run_id}/cancel", cancel)
+    router.add_post("/runs/{run_id}/rewind", rewind)

@@ -1,0 +1,141 @@
+"""The runs list and one run's page in Chromium (SPEC v2.2 §10b): live without a reload,
+answers through the typed form with the CLI's refusals per field, the read-only rule, and a
+node's HTML output shown as text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from playwright.sync_api import Page, expect
+
+from tests.cli.conftest import write_workflow
+from tests.console.browser.conftest import Console, shot
+
+ASK = """\
+name: ask
+entry: review
+nodes:
+  review:
+    kind: human
+    message: "How many, and may it ship?"
+    questions:
+      - name: count
+        type: int
+        description: how many copies
+      - name: approved
+        type: bool
+  record:
+    kind: compute
+    set:
+      total: outputs.review.count * 2
+edges:
+  - from: review
+    to: record
+"""
+
+HTML_OUT = """\
+name: htmlout
+entry: shout
+nodes:
+  shout:
+    kind: tool
+    run: "printf '%s' '<script>window.__owned = 1</script><b id=\\"injected\\">bold</b>'"
+"""
+
+
+def paused_run(console: Console, tmp_path: Path) -> str:
+    run_id = console.launch(write_workflow(tmp_path, "ask", ASK))
+    console.up.wait_status(run_id, "paused_waiting_human", within=45)
+    return run_id
+
+
+def test_browser_runs_page_shows_a_run_launched_after_it_loaded_without_a_reload(
+    operator: Page, console: Console, tmp_path: Path
+) -> None:
+    operator.goto("/ui/runs")
+    expect(operator.locator("#counts")).to_be_visible()
+    operator.evaluate("window.__loadedOnce = 'yes'")  # gone if the page reloads
+
+    run_id = console.launch("examples/hello.yaml", "name=Ada")
+
+    row = operator.locator(f'tr[data-run="{run_id}"]')
+    expect(row).to_be_visible()
+    expect(row.locator(".status")).to_have_text("finished")
+    expect(operator.locator('#counts [data-status="finished"]')).to_be_visible()
+    assert operator.evaluate("window.__loadedOnce") == "yes"
+    shot(operator, tmp_path, "runs")
+
+    operator.goto("/ui/runs?status=finished&workflow=hello")
+    expect(operator.locator(f'tr[data-run="{run_id}"]')).to_be_visible()
+    operator.goto("/ui/runs?status=queued&workflow=hello")
+    expect(operator.locator(f'tr[data-run="{run_id}"]')).to_have_count(0)
+
+
+def test_browser_answer_a_paused_run_in_the_form_and_see_it_finish(
+    operator: Page, console: Console, tmp_path: Path
+) -> None:
+    run_id = paused_run(console, tmp_path)
+    operator.goto(f"/ui/runs/{run_id}")
+    expect(operator.locator("#prompt")).to_have_text("How many, and may it ship?")
+    shot(operator, tmp_path, "run-paused")
+
+    operator.fill("#answer-count", "3")
+    operator.select_option("#answer-approved", "yes")
+    operator.click("#answer-form button[type=submit]")
+
+    expect(operator.locator("#flash")).to_contain_text("answered: attempt 2 queued")
+    expect(operator.locator("#run-status")).to_have_text("finished")
+    expect(operator.locator('#timeline tr[data-type="run_finished"]')).to_have_count(1)
+    expect(operator.locator('#outputs [data-node="record"]')).to_contain_text('"total": 6')
+    shot(operator, tmp_path, "run-finished")
+    assert console.up.status(run_id)["outputs"]["review"] == {"count": 3, "approved": True}
+
+
+def test_browser_a_wrongly_typed_answer_shows_the_fields_error_as_the_cli_refuses_it(
+    operator: Page, console: Console, tmp_path: Path
+) -> None:
+    run_id = paused_run(console, tmp_path)
+    operator.goto(f"/ui/runs/{run_id}")
+    operator.fill("#answer-count", "many")
+    operator.select_option("#answer-approved", "yes")
+    operator.click("#answer-form button[type=submit]")
+
+    cli = console.up.cli("resume", run_id, "--answer", "count=many", "--answer", "approved=yes")
+    assert cli.returncode == 3, cli.stderr
+    error = operator.locator("#error-count")
+    expect(error).to_contain_text("answers_invalid: answer 'count': expected an int, got str")
+    expect(operator.locator("#error-approved")).to_have_count(0)
+    expect(operator.locator("#answer-count")).to_have_value("many")  # kept to correct
+    shown = error.inner_text()
+    assert "answer 'count': expected an int, got str 'many'" in cli.stderr, cli.stderr
+    assert "correct the named answer" in shown and "correct the named answer" in cli.stderr
+    shot(operator, tmp_path, "run-answer-error")
+    assert console.up.status(run_id)["status"] == "paused_waiting_human"
+
+
+def test_browser_a_write_is_refused_without_the_token(
+    visitor: Page, console: Console, tmp_path: Path
+) -> None:
+    run_id = paused_run(console, tmp_path)
+    visitor.goto(f"/ui/runs/{run_id}")
+    expect(visitor.locator("#read-only")).to_contain_text("log in with the operator token")
+    cancel = visitor.locator("#cancel-form button")
+    expect(cancel).to_be_disabled()
+
+    cancel.evaluate("b => b.removeAttribute('disabled')")  # what a hand-made POST would do
+    cancel.click()
+    expect(visitor.locator("#problem")).to_contain_text("forbidden")
+    shot(visitor, tmp_path, "refused")
+    assert console.up.status(run_id)["status"] == "paused_waiting_human"
+
+
+def test_browser_an_html_laden_output_is_rendered_as_text(
+    operator: Page, console: Console, tmp_path: Path
+) -> None:
+    run_id = console.launch(write_workflow(tmp_path, "htmlout", HTML_OUT))
+    operator.goto(f"/ui/runs/{run_id}")
+    output = operator.locator('#outputs [data-node="shout"] pre')
+    expect(output).to_contain_text('<script>window.__owned = 1</script><b id="injected">bold</b>')
+    expect(operator.locator("#injected")).to_have_count(0)
+    assert operator.evaluate("window.__owned === undefined")
+    shot(operator, tmp_path, "run-html-output")

@@ -1,0 +1,146 @@
+"""The console's pages (SPEC v2.2 §10b) over HTTP, without a browser: the safety rules —
+escaped output, read-only without the operator token, CSRF on every form, tenant scope — on the
+same app and real fleet as the API tests. The browser tests (tests/console/browser) drive the
+same pages in Chromium."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from runner.console import TokenBook, create_app
+from store import Checkpoint, RunStatus
+from tests.console.conftest import OP_A, OP_B, READ_A, TOKENS, Api
+from tests.publisher.conftest import put_run
+
+SCRIPT = "<script>alert('owned')</script><b>bold</b>"
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+async def get_html(client: TestClient[Any, Any], path: str) -> tuple[int, str]:
+    resp = await client.get(path)
+    return resp.status, await resp.text()
+
+
+async def csrf_of(client: TestClient[Any, Any], path: str = "/ui/runs") -> str:
+    _, html = await get_html(client, path)
+    match = CSRF.search(html)
+    assert match, html[:500]
+    return match.group(1)
+
+
+async def log_in(client: TestClient[Any, Any], token: str) -> None:
+    csrf = await csrf_of(client, "/ui/login")
+    resp = await client.post(
+        "/ui/login", data={"token": token, "csrf": csrf}, allow_redirects=False
+    )
+    assert resp.status == 303, await resp.text()
+
+
+async def test_console_output_escaped_a_node_output_with_html_is_shown_as_text(api: Api) -> None:
+    run = await put_run(
+        api.env.store,
+        status=RunStatus.FINISHED,
+        checkpoint=Checkpoint(progress=1, outputs={"greet": SCRIPT}),
+    )
+    status, html = await get_html(api.client, f"/ui/runs/{run.run_id}")
+    assert status == 200
+    assert SCRIPT not in html
+    assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;&lt;b&gt;bold&lt;/b&gt;" in html
+    resp = await api.client.get(f"/ui/runs/{run.run_id}")
+    assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
+
+
+async def test_console_without_a_login_is_read_only_and_says_so(api: Api) -> None:
+    run = await put_run(api.env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED")
+    status, html = await get_html(api.client, f"/ui/runs/{run.run_id}")
+    assert status == 200 and 'id="read-only"' in html and "log in with the operator token" in html
+    assert "Fix the cause named by the cause code" in html  # what to do about DLQ_PARKED
+
+    csrf = await csrf_of(api.client, f"/ui/runs/{run.run_id}")
+    resp = await api.client.post(f"/ui/runs/{run.run_id}/cancel", data={"csrf": csrf})
+    assert resp.status == 403 and "forbidden" in await resp.text()
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.FAILED_RESUMABLE
+
+
+async def test_console_a_read_token_may_not_write_and_an_operate_token_may(api: Api) -> None:
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    await log_in(api.client, READ_A)
+    csrf = await csrf_of(api.client, f"/ui/runs/{run.run_id}")
+    resp = await api.client.post(f"/ui/runs/{run.run_id}/cancel", data={"csrf": csrf})
+    assert resp.status == 403 and "read role" in await resp.text()
+
+    api.client.session.cookie_jar.clear()
+    await log_in(api.client, OP_A)
+    csrf = await csrf_of(api.client, f"/ui/runs/{run.run_id}")
+    resp = await api.client.post(
+        f"/ui/runs/{run.run_id}/cancel", data={"csrf": csrf}, allow_redirects=False
+    )
+    assert resp.status == 303
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.CANCELLED
+
+
+async def test_console_csrf_every_form_post_without_the_sessions_token_is_refused(api: Api) -> None:
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    await log_in(api.client, OP_A)
+    for data in ({}, {"csrf": "forged"}):
+        resp = await api.client.post(f"/ui/runs/{run.run_id}/cancel", data=data)
+        assert resp.status == 403 and "csrf" in await resp.text()
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.PAUSED_OPERATOR
+
+
+async def test_console_login_rotates_the_session_and_the_cookie_is_httponly(api: Api) -> None:
+    resp = await api.client.get("/ui/login")
+    before = resp.cookies["runfleet_session"]
+    assert before["httponly"] and before["samesite"] == "Strict"
+    csrf = CSRF.search(await resp.text())
+    assert csrf
+    resp = await api.client.post(
+        "/ui/login", data={"token": OP_A, "csrf": csrf.group(1)}, allow_redirects=False
+    )
+    after = resp.cookies["runfleet_session"]
+    assert after.value != before.value and OP_A not in after.value
+    resp = await api.client.post(
+        "/ui/login", data={"token": "wrong", "csrf": csrf.group(1)}, allow_redirects=False
+    )
+    assert resp.status == 403  # the old session (and its CSRF token) is gone
+
+
+async def test_console_tenant_scoped_another_tenants_run_is_not_found(api: Api) -> None:
+    theirs = await put_run(api.env.store, status=RunStatus.FINISHED, tenant="b")
+    status, html = await get_html(api.client, f"/ui/runs/{theirs.run_id}")
+    assert status == 404 and "run_not_found" in html
+    await log_in(api.client, OP_B)
+    status, _ = await get_html(api.client, f"/ui/runs/{theirs.run_id}")
+    assert status == 200
+
+
+async def test_console_bound_beyond_loopback_asks_for_a_token_before_showing_anything(
+    api: Api,
+) -> None:
+    app = create_app(api.env, TOKENS, open_reads=False)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/ui/runs", allow_redirects=False)
+        assert resp.status == 303 and resp.headers["Location"] == "/ui/login"
+        await log_in(client, READ_A)
+        status, html = await get_html(client, "/ui/runs")
+        assert status == 200 and "Runs" in html
+
+
+async def test_console_without_any_token_is_read_only_and_says_it_was_started_without_one(
+    api: Api,
+) -> None:
+    async with TestClient(TestServer(create_app(api.env, TokenBook.of({})))) as client:
+        status, html = await get_html(client, "/ui/runs")
+        assert status == 200 and "started without RUNFLEET_CONSOLE_TOKEN" in html
+
+
+async def test_console_the_api_still_needs_its_bearer_token(api: Api) -> None:
+    status, _, _ = await api.call("GET", "/api/v1/runs", token=None)
+    assert status == 401
+    resp = await api.client.get("/", allow_redirects=False)
+    assert resp.status == 303 and resp.headers["Location"] == "/ui/runs"
+    resp = await api.client.get("/ui/static/htmx.min.js")
+    assert resp.status == 200 and "htmx" in (await resp.text())[:2000]
