@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+
 import click
 
 from runner.cli.runtime import command
@@ -30,4 +33,20 @@ async def console_cmd(port: int, host: str) -> None:
     Example:
       RUNFLEET_CONSOLE_TOKEN=s3cret runfleet console --port 8470
     """
-    await serve(host, port, started=lambda url: click.echo(f"runfleet API on {url}", err=True))
+    serving = asyncio.ensure_future(
+        serve(host, port, started=lambda url: click.echo(f"runfleet API on {url}", err=True))
+    )
+    stopping: list[bool] = []
+
+    def stop() -> None:
+        stopping.append(True)
+        serving.cancel()
+
+    # SIGTERM (a pod stopped, a rollout) closes the listener and lets open requests finish for
+    # up to the server's SHUTDOWN_S before exiting 0; its default action would cut them off.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+    try:
+        await serving
+    except asyncio.CancelledError:
+        if not stopping:
+            raise

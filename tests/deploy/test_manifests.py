@@ -41,6 +41,7 @@ from publisher.config import WireSettings
 from publisher.wire import WireNames
 from runner.cli.main import cli
 from runner.config import RunnerSettings
+from runner.console.auth import TOKENS_FILE
 from store.config import StoreSettings
 
 Manifest = dict[str, Any]
@@ -72,13 +73,20 @@ SETTINGS_CLASSES = (
     StoreSettings,
     KubernetesSandboxSettings,
 )
-# Read from the environment directly (store/blob_url.py), not through a settings class.
-DIRECT_ENV_SETTINGS = frozenset({"RUNFLEET_S3_ENDPOINT", "RUNFLEET_S3_REGION"})
+# Read from the environment directly (store/blob_url.py; the API's token file,
+# runner/console/auth.py), not through a settings class.
+DIRECT_ENV_SETTINGS = frozenset({"RUNFLEET_S3_ENDPOINT", "RUNFLEET_S3_REGION", TOKENS_FILE})
 # Settings that name a file a Secret provides (publisher/config.py NatsSettings, read by
 # publisher/connection.py): the settings refuse a path that is not a file, so offline the
 # checks give them a stand-in file (test_nats_and_sandbox_settings.py checks where they point).
 SECRET_FILE_SETTINGS = frozenset({"RUNFLEET_NATS_CREDS", "RUNFLEET_NATS_TLS_CA"})
 METRICS_PORT_NAME = "http-metrics"
+# The workloads of every rendering, by (kind, name): a helper selects one by name, never by
+# "the only Deployment" (the runners and the HTTP API are both Deployments).
+RUNNER = ("Deployment", "runfleet-runner")
+API = ("Deployment", "runfleet-api")
+STREAMS = ("Job", "runfleet-streams-ensure")
+WORKLOADS = {"runner": RUNNER, "api": API, "streams": STREAMS}
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -126,12 +134,21 @@ def one(manifests: list[Manifest], kind: str, name: str | None = None) -> Manife
     return found[0]
 
 
+def workload(manifests: list[Manifest], which: str) -> Manifest:
+    """One of WORKLOADS (`runner`, `api`, `streams`), by its kind and name."""
+    return one(manifests, *WORKLOADS[which])
+
+
 def runner_deployment(manifests: list[Manifest]) -> Manifest:
-    return one(manifests, "Deployment", "runfleet-runner")
+    return workload(manifests, "runner")
+
+
+def api_deployment(manifests: list[Manifest]) -> Manifest:
+    return workload(manifests, "api")
 
 
 def streams_job(manifests: list[Manifest]) -> Manifest:
-    return one(manifests, "Job", "runfleet-streams-ensure")
+    return workload(manifests, "streams")
 
 
 def pod_spec(workload: Manifest) -> dict[str, Any]:
@@ -156,11 +173,15 @@ def literal_env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
-def runner_env(manifests: list[Manifest]) -> dict[str, str]:
-    """What the runner process sees as literal settings: the ConfigMap, then `env` (wins)."""
-    container = only_container(runner_deployment(manifests))
+def workload_env(manifests: list[Manifest], which: str) -> dict[str, str]:
+    """What a workload's process sees as literal settings: the ConfigMap, then `env` (wins)."""
+    container = only_container(workload(manifests, which))
     data: dict[str, str] = dict(config_map_of(manifests, container)["data"])
     return {**data, **literal_env(container)}
+
+
+def runner_env(manifests: list[Manifest]) -> dict[str, str]:
+    return workload_env(manifests, "runner")
 
 
 @pytest.fixture
@@ -259,18 +280,23 @@ def test_kustomize_renders_the_base_and_each_overlay(
         [
             *extra,
             "ConfigMap",
-            "Deployment",
+            "Deployment",  # runfleet-runner
+            "Deployment",  # runfleet-api
             "Job",
             "Namespace",
             "Namespace",
             "NetworkPolicy",
             "NetworkPolicy",
             "NetworkPolicy",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
             "PodDisruptionBudget",
             "PodMonitor",
             "Role",
             "RoleBinding",
             "ScaledObject",
+            "Service",
+            "ServiceAccount",
             "ServiceAccount",
         ]
     )
@@ -389,12 +415,12 @@ def test_runner_probes_use_healthz_and_readyz_on_the_metrics_port(
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-@pytest.mark.parametrize("workload", ["Deployment", "Job"])
+@pytest.mark.parametrize("which", list(WORKLOADS))
 def test_runner_pod_is_non_root_with_read_only_root_fs(
-    rendered: dict[str, list[Manifest]], overlay: str, workload: str
+    rendered: dict[str, list[Manifest]], overlay: str, which: str
 ) -> None:
     manifests = rendered[overlay]
-    obj = one(manifests, workload)
+    obj = workload(manifests, which)
     spec = pod_spec(obj)
     container = only_container(obj)
     pod_sc = spec["securityContext"]
@@ -409,12 +435,12 @@ def test_runner_pod_is_non_root_with_read_only_root_fs(
     # The image's own user is the same non-root uid.
     user = [args for word, args in final_stage() if word == "USER"][-1]
     assert user.split(":")[0] == str(pod_sc["runAsUser"])
-    # The writable places are emptyDirs: /tmp always, RUNFLEET_DATA for the runner.
+    # The writable places are emptyDirs: /tmp always, RUNFLEET_DATA for the runner and the API.
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
     assert "emptyDir" in mounts["/tmp"]
-    if workload == "Deployment":
-        assert "emptyDir" in mounts[runner_env(manifests)["RUNFLEET_DATA"]]
+    if obj["kind"] == "Deployment":
+        assert "emptyDir" in mounts[workload_env(manifests, which)["RUNFLEET_DATA"]]
         assert container["resources"]["requests"] and container["resources"]["limits"]
         # Every writable volume is bounded (the others are read-only Secret mounts).
         assert all(v["emptyDir"].get("sizeLimit") for v in volumes.values() if "emptyDir" in v)
@@ -570,12 +596,14 @@ def test_streams_job_runs_streams_ensure(rendered: dict[str, list[Manifest]], ov
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("which", ["runner", "api"])
 def test_manifests_set_only_known_settings_with_valid_values(
     rendered: dict[str, list[Manifest]],
     overlay: str,
+    which: str,
     settings_env: Callable[[dict[str, str]], None],
 ) -> None:
-    env = runner_env(rendered[overlay])
+    env = workload_env(rendered[overlay], which)
     known = {f"RUNFLEET_{field.upper()}" for cls in SETTINGS_CLASSES for field in cls.model_fields}
     known |= DIRECT_ENV_SETTINGS
     unknown = {k for k in env if k.startswith("RUNFLEET_")} - known
@@ -585,22 +613,30 @@ def test_manifests_set_only_known_settings_with_valid_values(
         cls()  # each parses its variables and checks its relations (SPEC §12)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_store_and_blob_urls_come_from_secrets(
-    rendered: dict[str, list[Manifest]], overlay: str
-) -> None:
-    """A fleet shares one store and blob store; never the per-pod SQLite/file defaults, and
-    never a credential-bearing URL in a ConfigMap."""
-    manifests = rendered[overlay]
-    container = only_container(runner_deployment(manifests))
-    from_secrets = {
+def secret_env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A container's variables read from a Secret key: name → its `secretKeyRef`."""
+    return {
         e["name"]: e["valueFrom"]["secretKeyRef"]
-        for e in container["env"]
+        for e in container.get("env", [])
         if "secretKeyRef" in e.get("valueFrom", {})
     }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("which", ["runner", "api"])
+def test_store_and_blob_urls_come_from_secrets(
+    rendered: dict[str, list[Manifest]], overlay: str, which: str
+) -> None:
+    """A fleet shares one store and blob store; never the per-pod SQLite/file defaults, and
+    never a credential-bearing URL in a ConfigMap. The API reads the runners' (same Secret
+    keys): it must see the runs the runners write."""
+    manifests = rendered[overlay]
+    from_secrets = secret_env(only_container(workload(manifests, which)))
+    runners = secret_env(only_container(runner_deployment(manifests)))
     for name in ("RUNFLEET_STORE_URL", "RUNFLEET_BLOB_URL"):
         assert name in from_secrets and not from_secrets[name].get("optional")
-        assert name not in runner_env(manifests)
+        assert name not in workload_env(manifests, which)
+        assert from_secrets[name] == runners[name]
     assert not find(manifests, "Secret"), "secrets are created out of band, never committed"
 
 

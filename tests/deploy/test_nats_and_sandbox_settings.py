@@ -14,6 +14,7 @@ from publisher.config import NatsSettings, split_servers
 from store.settings import EXISTING_FILE
 from tests.deploy.test_manifests import (
     SECRET_FILE_SETTINGS,
+    WORKLOADS,
     Manifest,
     config_map_of,
     find,
@@ -27,6 +28,7 @@ from tests.deploy.test_manifests import (
     runner_env,
     settings_env,
     trigger_auth_parameters,
+    workload,
 )
 
 __all__ = ["rendered", "settings_env"]  # fixtures, imported for pytest
@@ -47,16 +49,16 @@ def test_keda_reads_the_nats_account_from_a_secret_by_name(
         assert not find(rendered[build], "TriggerAuthentication")
 
 
-@pytest.mark.parametrize("workload", ["Deployment", "Job"])
+@pytest.mark.parametrize("which", list(WORKLOADS))
 def test_nats_credentials_and_tls_are_mounted_secret_keys(
     rendered: dict[str, list[Manifest]],
-    workload: str,
+    which: str,
     settings_env: Callable[[dict[str, str]], None],
 ) -> None:
     """Production: RUNFLEET_NATS_CREDS and RUNFLEET_NATS_TLS_CA (the settings
     publisher/connection.py turns into `user_credentials` and a TLS context) name keys of
     Secrets mounted read-only, referenced by name, not optional, readable by the pod's user;
-    the same in the runners and the streams Job, which both connect."""
+    the same in the runners, the HTTP API and the streams Job, which all connect."""
     manifests = rendered["production"]
     declared = {
         f"RUNFLEET_{name.upper()}"
@@ -64,7 +66,7 @@ def test_nats_credentials_and_tls_are_mounted_secret_keys(
         if field.json_schema_extra == EXISTING_FILE
     }
     assert declared == SECRET_FILE_SETTINGS
-    obj = one(manifests, workload)
+    obj = workload(manifests, which)
     spec = pod_spec(obj)
     container = only_container(obj)
     env = literal_env(container)
