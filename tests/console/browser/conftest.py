@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,12 @@ class Console:
         run_id = self.up.launch(workflow, *pairs)["run_id"]
         assert isinstance(run_id, str)
         return run_id
+
+    def publish_raw(self, body: bytes) -> int:
+        """`Up.publish_raw` from a thread of its own: it runs an event loop, and Playwright's
+        sync API already runs one in this thread."""
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(self.up.publish_raw, body).result(timeout=30)
 
 
 @pytest.fixture(scope="module")
