@@ -8,7 +8,7 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,6 +18,9 @@ from runner.cli.runtime import command, json_option
 from runner.cli.views import echo_json
 from runner.operations import open_env
 from store.settings import format_duration
+
+if TYPE_CHECKING:
+    from runner.embedded import EmbeddedFleet, RunnerRow
 
 
 @click.group("streams")
@@ -119,8 +122,9 @@ async def up_cmd(
                 err=True,
             )
             supervise = asyncio.ensure_future(fleet.supervise())
-            api = asyncio.ensure_future(_serve_api(api_port))
-            view = asyncio.ensure_future(live_view(fleet, interactive=not no_view))
+            urls: list[str] = []  # the console's URL, once it listens: shown in the live view
+            api = asyncio.ensure_future(_serve_api(api_port, fleet, urls))
+            view = asyncio.ensure_future(live_view(fleet, interactive=not no_view, notes=urls))
             await fleet.wait_stop_requested()
             view.cancel()
             api.cancel()
@@ -132,20 +136,32 @@ async def up_cmd(
         click.echo("fleet stopped", err=True)
 
 
-async def _serve_api(port: int) -> None:
-    """The HTTP API beside the embedded fleet (SPEC v2.2 §10, §10c), on 127.0.0.1. It finds the
-    fleet as every other command does (`RUNFLEET_DATA/nats.url`); without a token it refuses
-    every request, and says how to give one. A failure to serve never stops the fleet."""
+async def _serve_api(port: int, fleet: EmbeddedFleet, urls: list[str]) -> None:
+    """The HTTP API and the console beside the embedded fleet (SPEC v2.2 §10, §10b, §10c), on
+    127.0.0.1. It finds the fleet as every other command does (`RUNFLEET_DATA/nats.url`);
+    without a token the API refuses every request and the console is read-only, and it says
+    how to give one. The console's URL goes into `urls` (the live view shows it); its fleet
+    page reads the runner processes' rows from `fleet`. A failure to serve never stops the
+    fleet."""
+    import aiohttp
+
     from runner.console import serve
 
     def started(url: str) -> None:
         hint = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (set RUNFLEET_CONSOLE_TOKEN)"
         click.echo(f"  HTTP API on {url}/api/v1{hint}", err=True)
         ro = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (read-only)"
-        click.echo(f"  console on {url}/ui/{ro}", err=True)
+        urls.append(f"  console on {url}/ui/{ro}")
+        click.echo(urls[-1], err=True)
+
+    async def runner_rows() -> list[RunnerRow]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            rows = (await fleet.snapshot(session))["runners"]
+        assert isinstance(rows, list)
+        return rows
 
     try:
-        await serve("127.0.0.1", port, started=started)
+        await serve("127.0.0.1", port, started=started, runners=runner_rows)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - the fleet runs on without its API

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 
 import aiohttp
 import click
@@ -53,7 +54,9 @@ def render_lines(snap: dict[str, object], rate: float, restarts: int) -> list[st
     return [render(snap, rate, restarts), *(runner_line(r) for r in rows)]
 
 
-async def live_view(fleet: EmbeddedFleet, *, interactive: bool) -> None:
+async def live_view(fleet: EmbeddedFleet, *, interactive: bool, notes: Sequence[str] = ()) -> None:
+    """Redraw the fleet's lines every second on a terminal (every 10 s otherwise), followed by
+    `notes` (the console's URL, once it listens)."""
     tty = interactive and sys.stderr.isatty()
     every = 1.0 if tty else 10.0
     last_total: float | None = None
@@ -66,7 +69,7 @@ async def live_view(fleet: EmbeddedFleet, *, interactive: bool) -> None:
             total = float(snap["deliveries"])  # type: ignore[arg-type]
             rate = 0.0 if last_total is None else max(total - last_total, 0) / (now - last_t)
             last_total, last_t = total, now
-            lines = render_lines(snap, rate, sum(rp.restarts for rp in fleet.procs))
+            lines = [*render_lines(snap, rate, sum(rp.restarts for rp in fleet.procs)), *notes]
             if tty:
                 # Redraw the block in place: up to its first line, then clear each line.
                 up = f"\x1b[{drawn}F" if drawn else "\r"

@@ -24,6 +24,7 @@ from runner.console.models import Health
 from runner.console.openapi import document
 from runner.console.pages import create_ui
 from runner.console.routing import ENV, PRINCIPAL, endpoint
+from runner.console.ui_fleet import RUNNERS, RunnerSource
 from runner.operations import Env, open_env
 from store import RunfleetError
 
@@ -97,15 +98,24 @@ async def home(request: web.Request) -> web.StreamResponse:
     return web.Response(status=303, headers={"Location": f"{UI_PREFIX}/runs"})
 
 
-def create_app(env: Env, tokens: TokenBook, *, open_reads: bool = True) -> web.Application:
+def create_app(
+    env: Env,
+    tokens: TokenBook,
+    *,
+    open_reads: bool = True,
+    runners: RunnerSource | None = None,
+) -> web.Application:
     """The API and the console over an open `env`; the caller owns `env` (opens and closes
     it). `open_reads`: the console's pages read without a login (as `RUNFLEET_TENANT`, role
-    `read`) — what `serve` allows only on a loopback interface."""
+    `read`) — what `serve` allows only on a loopback interface. `runners`: the runner
+    processes' rows for the fleet page, when the server runs inside `runfleet up`."""
     app = web.Application(
         middlewares=[errors_middleware, auth_middleware], client_max_size=BODY_MAX
     )
     app[ENV] = env
     app[TOKENS] = tokens
+    if runners is not None:
+        app[RUNNERS] = runners
     app[OPENAPI] = document(ROUTES)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/", home)
@@ -121,6 +131,7 @@ async def serve(
     port: int = DEFAULT_PORT,
     *,
     started: Callable[[str], None] | None = None,
+    runners: RunnerSource | None = None,
 ) -> None:
     """Serve until cancelled: open the environment from `RUNFLEET_*`, read the tokens, listen.
     `started` is told the URL once the socket listens."""
@@ -130,7 +141,7 @@ async def serve(
             log.warning(
                 "no RUNFLEET_API_TOKENS or RUNFLEET_CONSOLE_TOKEN: every request is refused"
             )
-        app = create_app(env, tokens, open_reads=host in LOOPBACK)
+        app = create_app(env, tokens, open_reads=host in LOOPBACK, runners=runners)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
         try:
