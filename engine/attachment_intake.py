@@ -99,15 +99,19 @@ async def promote_for_launch(
 ) -> list[StagedFile]:
     """Stage `paths`, then promote them and each `uploads` (name → upload id) to `run_id`.
 
-    A refusal (name, count, size) is raised as it is. Any other failure removes what was
-    promoted, discards what this call staged (a given upload id stays, for a retry) and raises
-    `LaunchFailed`: the caller has not created the run yet, so nothing is queued."""
+    A refusal (name, count, size, an upload id the tenant has no upload by:
+    `StagedUploadNotFound`) is raised as it is, before any byte moves. Any other failure
+    removes what was promoted, discards what this call staged (a given upload id stays, for a
+    retry) and raises `LaunchFailed`: the caller has not created the run yet, so nothing is
+    queued."""
     for name in uploads:
         check_name(name)
     duplicate = set(paths) & set(uploads)
     if duplicate:
         raise AttachmentNameInvalid(f"attachment {sorted(duplicate)[0]!r} is given twice")
     check_files(paths, limits, already=len(uploads))
+    for upload_id in uploads.values():
+        await staging.get(upload_id, tenant)
     promoted: list[StagedFile] = []
     staged: StagedUpload | None = None
     try:

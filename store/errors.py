@@ -20,8 +20,6 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     │   ├── UnwritablePath                      unwritable_path
     │   ├── BlobNotFound                        blob_not_found
     │   └── BlobKeyInvalid                      blob_key_invalid
-    ├── StagedUploadNotFound                    upload_not_found
-    ├── StagedUploadInvalid                     upload_invalid
     ├── WorkflowInvalid                         workflow_invalid
     ├── ExpressionError                         expression_failed
     ├── TemplateError                           template_failed
@@ -76,6 +74,8 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── AttachmentNameInvalid               attachment_name_invalid
         ├── AttachmentTooLarge                  attachment_too_large
         ├── TooManyAttachments                  too_many_attachments
+        ├── StagedUploadNotFound                upload_not_found
+        ├── StagedUploadInvalid                 upload_invalid
         └── RecordNotFound                      record_not_found
 
 `store` is drawn first, then `engine` (`errors`, `fencing`, `sandbox.errors`, `archive`, `vars`,

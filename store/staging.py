@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from store.blobkeys import validate_segment
-from store.errors import BlobKeyInvalid, BlobNotFound, RunfleetError, StoreCorrupt, StoreError
+from store.errors import BlobKeyInvalid, BlobNotFound, Refusal, StoreCorrupt, StoreError
 from store.models import StagedFile, StagedUpload
 from store.protocols import BlobStore, RunStore
 from store.timeutil import utcnow
@@ -39,15 +39,17 @@ _HASH_CHUNK = 1024 * 1024
 _REAP_BATCH = 100
 
 
-class StagedUploadNotFound(RunfleetError, code="upload_not_found"):
+class StagedUploadNotFound(Refusal, code="upload_not_found"):
     """No staged upload with that id for this tenant (never staged, discarded, promoted, reaped,
-    or staged by another tenant: the error does not say which)."""
+    or staged by another tenant: the error does not say which). A refusal of what the caller
+    named: the CLI's exit 3, the API's 404 (one table, `runner.console.errors`)."""
 
     remedy = "stage the files again; a staged upload is used once and expires"
 
 
-class StagedUploadInvalid(RunfleetError, code="upload_invalid"):
-    """The files given to `stage` cannot be staged as named."""
+class StagedUploadInvalid(Refusal, code="upload_invalid"):
+    """The files given to `stage` cannot be staged as named (or an upload cannot be promoted
+    as asked): a refusal, the CLI's exit 3, the API's 400."""
 
     remedy = "give each attachment a simple name and files with distinct file names"
 
@@ -94,6 +96,10 @@ class StagingStore:
             await self._fetch_checked(record.id, staged, dest)
             opened[staged.name] = dest
         return opened
+
+    async def get(self, upload_id: str, tenant: str) -> StagedUpload:
+        """The tenant's staged upload; `StagedUploadNotFound` when it has none by that id."""
+        return await self._record(upload_id, tenant)
 
     async def discard(self, upload_id: str, tenant: str) -> bool:
         """Delete the upload's bytes, then its record. False if `tenant` has no such upload."""

@@ -34,7 +34,7 @@ from runner.console.models import (
 )
 from runner.console.routing import Call, Param, Reply, Route, invalid, owned_run
 from runner.console.sse import stream
-from runner.console.uploads_api import UPLOAD_ROUTES, check_uploads, file_answers
+from runner.console.uploads_api import UPLOAD_ROUTES, file_answers
 from runner.operations.retry_wait import waiting_retry
 from store import RunAlreadyExists, RunNotFound, RunStatus
 from store.settings import DURATION_FORM
@@ -68,7 +68,6 @@ async def launch(call: Call) -> Reply:
             return Reply(RunOut.of(await owned_run(call, run_id)), 200)
         except RunNotFound:
             pass
-    await check_uploads(call, body.attachments)
     try:
         doc = await ops.launch(
             call.env, loaded, body.vars, run_id=run_id, attach_uploads=body.attachments

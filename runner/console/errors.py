@@ -26,6 +26,7 @@ REFUSAL_STATUS: dict[str, int] = {
     # the thing named does not exist (for this tenant)
     "run_not_found": 404,
     "record_not_found": 404,
+    "upload_not_found": 404,
     # the run or record is not in a state that allows it
     "run_not_resumable": 409,
     "run_not_cancellable": 409,
@@ -41,7 +42,8 @@ REFUSAL_STATUS: dict[str, int] = {
     "answers_invalid": 422,
 }
 """A refusal's status by code; a refusal not listed (a workflow that does not load, a var the
-workflow does not declare, an ambiguous run id prefix) is 400."""
+workflow does not declare, an ambiguous run id prefix, an upload that cannot be staged or
+promoted as asked) is 400."""
 
 
 class ApiError(Exception):
@@ -63,18 +65,11 @@ class ApiError(Exception):
         return out
 
 
-CALLER_ERRORS: dict[str, int] = {"upload_not_found": 404, "upload_invalid": 400}
-"""Errors the store raises as plain `RunfleetError`s (the CLI's exit 1) that over HTTP are the
-caller's to fix: an upload id that is not theirs, a staged upload that cannot be."""
-
-
 def status_for(exc: RunfleetError) -> int:
     if is_unreachable(exc):
         return 503
     if is_refusal(exc):
         return REFUSAL_STATUS.get(exc.code, 400)
-    if exc.code in CALLER_ERRORS:
-        return CALLER_ERRORS[exc.code]
     if is_usage(exc):
         return 400  # runner.operations.errors: a usage error is the API's 400
     return 500

@@ -1,5 +1,7 @@
 """Uploads over the HTTP API (SPEC §8, v2.2 §10c): stage a file for a later launch's
-attachments (`POST /api/v1/uploads`), and check a launch's upload ids before it runs.
+attachments (`POST /api/v1/uploads`), and a resume's `file` answers read from the caller's
+staged uploads. An unknown upload id is the operations' refusal (`upload_not_found`), raised by
+`runner.operations.uploads` for an answer and by the launch itself for an attachment.
 
 The bytes are streamed to a temporary file (never held in memory whole, never past the
 per-file limit) and staged through `runner.operations.uploads`, the same path as `runfleet
@@ -23,7 +25,6 @@ from runner.console.models import UploadFileOut, UploadOut
 from runner.console.routing import Call, Param, Reply, Route, invalid
 from runner.operations import uploads as upload_ops
 from store import RunDocument
-from store.staging import StagedUploadNotFound
 
 CHUNK = 256 * 1024
 FILENAME_MAX = 255
@@ -98,9 +99,7 @@ async def file_answers(call: Call, run: RunDocument, answers: Mapping[str, Any])
         upload_id = value.get("upload") if isinstance(value, Mapping) else None
         if not isinstance(upload_id, str) or not upload_id:
             raise AnswersInvalid(name, f"over the API a file answer is {FILE_ANSWER_FORM}")
-        staged = await call.env.store.get_staged_upload(upload_id, call.principal.tenant)
-        if staged is None:
-            raise StagedUploadNotFound(f"no staged upload {upload_id!r}")
+        staged = await upload_ops.staged_upload(call.env, upload_id, tenant=call.principal.tenant)
         if len(staged.files) != 1:
             raise AnswersInvalid(
                 name, f"upload {upload_id!r} holds {len(staged.files)} files, not 1"
@@ -113,14 +112,6 @@ async def file_answers(call: Call, run: RunDocument, answers: Mapping[str, Any])
             "sha256": file.sha256,
         }
     return out
-
-
-async def check_uploads(call: Call, attachments: Mapping[str, str]) -> None:
-    """Each upload id a launch attaches is the caller's staged upload: `upload_not_found`
-    before anything is created (else the promotion fails the launch as `launch_failed`)."""
-    for upload_id in attachments.values():
-        if await call.env.store.get_staged_upload(upload_id, call.principal.tenant) is None:
-            raise StagedUploadNotFound(f"no staged upload {upload_id!r}")
 
 
 UPLOAD_ROUTES: tuple[Route, ...] = (

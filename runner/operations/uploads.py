@@ -36,6 +36,13 @@ async def upload(env: Env, path: Path, *, tenant: str | None = None) -> StagedUp
     return await stage(staging, tenant or env.tenant, {UPLOAD_NAME: path}, limits(env))
 
 
+async def staged_upload(env: Env, upload_id: str, *, tenant: str | None = None) -> StagedUpload:
+    """The tenant's staged upload `upload_id` (what an answer or a launch names);
+    `StagedUploadNotFound` — a refusal, the same code for the CLI and the API — when the tenant
+    has none by that id (another tenant's reads as missing)."""
+    return await StagingStore(env.store, env.blobs).get(upload_id, tenant or env.tenant)
+
+
 async def promote(
     env: Env,
     run_id: str,

@@ -11,11 +11,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 import runner.console  # noqa: F401 - imports every operation, so every refusal is registered
+from runner.cli.errors import EXIT_REFUSED, EXIT_USAGE, exit_code_for
 from runner.console import create_app
-from runner.console.errors import REFUSAL_STATUS, RETRY_AFTER_S
+from runner.console.errors import REFUSAL_STATUS, RETRY_AFTER_S, status_for
 from runner.operations import Env
 from store import Refusal, RunStatus
-from store.errors import _CODES
+from store.errors import _CODES, RunfleetError
+from store.staging import StagedUploadInvalid, StagedUploadNotFound
 from tests.console.conftest import OP_A, TOKENS, Api, fleet_env, validate
 from tests.publisher.conftest import EXAMPLES, put_run
 from tests.runner.conftest import Fleet
@@ -23,16 +25,24 @@ from tests.runner.conftest import Fleet
 HELLO = (EXAMPLES / "hello.yaml").read_text()
 
 
-def refusal_codes() -> dict[str, type[Refusal]]:
+def error_classes() -> dict[str, type[RunfleetError]]:
+    """The product's errors by code (a class a test defines, in a function or not, is not one:
+    `tests.test_error_tree` registers some while it runs)."""
     import importlib
 
-    out: dict[str, type[Refusal]] = {}
+    out: dict[str, type[RunfleetError]] = {}
     for code, owner in _CODES.items():
         module, _, qualname = owner.rpartition(".")
+        if module.split(".")[0] == "tests" or "<locals>" in owner:
+            continue
         cls = getattr(importlib.import_module(module), qualname, None)
-        if isinstance(cls, type) and issubclass(cls, Refusal):
+        if isinstance(cls, type) and issubclass(cls, RunfleetError):
             out[code] = cls
     return out
+
+
+def refusal_codes() -> dict[str, type[Refusal]]:
+    return {code: cls for code, cls in error_classes().items() if issubclass(cls, Refusal)}
 
 
 def test_refusals_map_to_one_status_each_by_kind_of_code() -> None:
@@ -46,6 +56,21 @@ def test_refusals_map_to_one_status_each_by_kind_of_code() -> None:
             assert status == 422, code
         else:
             assert status in (400, 409), code
+
+
+def test_every_4xx_the_api_answers_is_a_refusal_or_usage_error_the_cli_exits_3_or_2_for() -> None:
+    """One classification (`runner.operations.errors`) for both surfaces: an error the API
+    gives back to the caller as theirs to fix (4xx) is one the CLI exits 3 (refused) or 2
+    (usage) for — no code is the caller's over HTTP and an internal error in the terminal.
+    The staged-upload errors are refusals of the operations: 404 and 400, exit 3."""
+    for code, cls in error_classes().items():
+        exc = cls.__new__(cls)  # the classification reads the class, not the message
+        if 400 <= status_for(exc) < 500:
+            assert exit_code_for(exc) in (EXIT_REFUSED, EXIT_USAGE), code
+    for cls, status in ((StagedUploadNotFound, 404), (StagedUploadInvalid, 400)):
+        exc = cls("x")
+        assert isinstance(exc, Refusal)
+        assert (status_for(exc), exit_code_for(exc)) == (status, EXIT_REFUSED)
 
 
 def dead_port() -> int:

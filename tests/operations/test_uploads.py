@@ -24,7 +24,7 @@ from publisher import WireNames, WireSettings, ensure_streams
 from runner import operations as ops
 from runner.operations import Env
 from runner.operations import uploads as upload_ops
-from store import Eq, RunQuery, RunStatus, RunStore, Update
+from store import Eq, Refusal, RunQuery, RunStatus, RunStore, Update
 from store.blobs_fs import FilesystemBlobStore
 from store.blobs_s3 import S3BlobStore
 from store.config import StoreSettings
@@ -123,7 +123,7 @@ async def test_a_staged_upload_is_invisible_from_another_tenant_and_so_is_a_prom
     staged = await upload_ops.upload(att_env, _file(tmp_path, "a.txt", b"mine"), tenant="acme")
     staging = StagingStore(att_env.store, att_env.blobs)
 
-    with pytest.raises(LaunchFailed, match=r"no staged upload"):
+    with pytest.raises(StagedUploadNotFound, match=r"no staged upload"):
         await ops.launch(
             att_env, example("hello.yaml"), {}, tenant="other", attach_uploads={"a": staged.id}
         )
@@ -175,8 +175,34 @@ async def test_a_launch_whose_promotion_fails_queues_nothing(
     att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames
 ) -> None:
     spec = _file(tmp_path, "spec.pdf", b"spec")
+    staged = await upload_ops.upload(att_env, _file(tmp_path, "lost.txt", b"lost"))
+    (lost,) = staged.files
+    await att_env.blobs.delete(lost.key)  # the record is there, its bytes are not
 
     with pytest.raises(LaunchFailed) as caught:
+        await ops.launch(
+            att_env,
+            example("hello.yaml"),
+            {},
+            attach_paths={"spec": spec},
+            attach_uploads={"lost": staged.id},
+        )
+
+    assert caught.value.code == "launch_failed"
+    assert await stream_messages(nats_conn.js, names) == []
+    assert (await att_env.store.list_runs(RunQuery(tenant="default"))).runs == []
+    await _nothing_stored(att_env)  # what this launch staged and promoted is removed
+
+
+@STORES
+async def test_an_unknown_upload_id_is_refused_upload_not_found_before_any_byte_moves(
+    att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames
+) -> None:
+    """A refusal of what the caller named (exit 3, the API's 404), not a failed promotion:
+    checked before the launch's own files are staged."""
+    spec = _file(tmp_path, "spec.pdf", b"spec")
+
+    with pytest.raises(StagedUploadNotFound) as caught:
         await ops.launch(
             att_env,
             example("hello.yaml"),
@@ -185,10 +211,12 @@ async def test_a_launch_whose_promotion_fails_queues_nothing(
             attach_uploads={"gone": "0" * 32},
         )
 
-    assert caught.value.code == "launch_failed"
+    assert isinstance(caught.value, Refusal) and caught.value.code == "upload_not_found"
     assert await stream_messages(nats_conn.js, names) == []
     assert (await att_env.store.list_runs(RunQuery(tenant="default"))).runs == []
-    await _nothing_stored(att_env)  # what this launch staged and promoted is removed
+    await _nothing_stored(att_env)
+    with pytest.raises(StagedUploadNotFound):
+        await upload_ops.staged_upload(att_env, "0" * 32)
 
 
 async def test_gc_deletes_a_settled_runs_attachments(att_env: Env, tmp_path: Path) -> None:

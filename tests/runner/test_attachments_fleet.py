@@ -124,3 +124,25 @@ async def test_runfleet_upload_prints_an_id_a_launch_attaches_and_a_bad_name_is_
     refused = await run_cli(fleet, "launch", str(source), "--attach", f"Spec={spec}", "--json")
     assert refused.returncode == 3, refused.stderr
     assert json.loads(refused.stdout)["error"]["code"] == "attachment_name_invalid"
+
+
+async def test_an_unknown_upload_id_is_refused_upload_not_found_exit_3_as_the_api_does_404(
+    fleet: Fleet,
+) -> None:
+    """The same refusal, code and remedy from the operations for both surfaces (the API's
+    side: tests/console/test_api_uploads.py): an upload id the tenant has no upload by —
+    here one already promoted by a launch — refuses the next launch before anything moves."""
+    source = fleet.tmp / "wf.yaml"
+    source.write_text(WORKFLOW)
+    spec = fleet.tmp / "spec.txt"
+    spec.write_text("uploaded spec\n")
+    upload_id = (await run_cli(fleet, "upload", str(spec))).stdout.strip()
+    first = await run_cli(fleet, "launch", str(source), "--attach", f"spec=upload:{upload_id}")
+    assert first.returncode == 0, first.stderr
+
+    again = await run_cli(
+        fleet, "launch", str(source), "--attach", f"spec=upload:{upload_id}", "--json"
+    )
+    assert again.returncode == 3, again.stdout + again.stderr
+    error = json.loads(again.stdout)["error"]
+    assert error["code"] == "upload_not_found" and error["remedy"]
