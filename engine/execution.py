@@ -45,10 +45,10 @@ from engine.outcome import (
 )
 from engine.sandbox.protocols import Sandbox, SandboxDriver, SandboxSpec
 from engine.scratch import counts_for_bank, host_backed_of
-from engine.scratch_steps import restore_scratch, teardown_scratch
+from engine.scratch_steps import mark_unbanked, restore_scratch, teardown_scratch
 from engine.stops import RunStops
 from engine.vars import resolve_vars
-from engine.workflow import FailNode, HumanNode, Workflow
+from engine.workflow import FailNode, HumanNode, ToolNode, Workflow
 from store import BlobStore, Checkpoint, RunDocument, RunStore
 
 
@@ -111,6 +111,8 @@ class Execution(RunStops, NodeRuns):
         self.outcome: Outcome | None = None
         self.scratch_held = False
         """A restore failed: the bank is held, this execution must not bank over it (§7.4)."""
+        self.scratch_marked = False
+        """The record already says this execution may change the scratch (`mark_unbanked`)."""
 
     @classmethod
     def claimed(
@@ -225,6 +227,8 @@ class Execution(RunStops, NodeRuns):
                 return await self._pause_for_human(node_id, node)
             if isinstance(node, FailNode):
                 return await self._deliberate_failure(node_id, node)
+            if isinstance(node, ToolNode):  # the nodes that run in the sandbox itself
+                await mark_unbanked(self)  # before the first one (adr/0011, amendment)
             result = await self._execute_with_retries(node_id)
             if result is None:
                 return await self._stop_for_cancel(node_id)

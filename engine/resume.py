@@ -61,6 +61,11 @@ def scratch_problem(run: RunDocument) -> str | None:
     cp = run.checkpoint or Checkpoint()
     if rec.state == "banked" and moved_past(cp, rec):
         return "the run moved past its bank (a sandbox node finished after it)"
+    if rec.state == "unknown" and moved_past(cp, rec):
+        return (
+            f"the run moved past its bank: execution {rec.lease_token} finished a sandbox node"
+            " and ended before its teardown banked the scratch"
+        )
     return None
 
 

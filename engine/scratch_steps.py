@@ -23,7 +23,7 @@ from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import Sandbox, SandboxCapabilities, SandboxDriver
 from engine.scratch import ScratchBank, moved_past
 from engine.workflow import Workflow
-from store import BlobStore, Checkpoint, RunDocument
+from store import BlobStore, Checkpoint, RunDocument, ScratchRecord, utcnow
 
 
 class Execution(Protocol):
@@ -40,6 +40,7 @@ class Execution(Protocol):
     host_backed: bool
     scratch: Path
     scratch_held: bool
+    scratch_marked: bool
     settings: EngineSettings
     writer: FencedWriter
 
@@ -52,7 +53,7 @@ class Execution(Protocol):
     async def ensure_sandbox(self) -> Sandbox: ...
 
 
-__all__ = ["banks", "restore_scratch", "teardown_scratch"]
+__all__ = ["banks", "mark_unbanked", "restore_scratch", "teardown_scratch"]
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,10 @@ async def restore_scratch(execution: Execution) -> Failed | None:
         return None
     rec = execution.run_doc.scratch
     caps = _capabilities(execution)
-    if rec is None or rec.state != "banked" or rec.key is None or rec.forsaken:
+    # An `unknown` record with a key (`mark_unbanked`) still names the bank the scratch was
+    # restored from: no sandbox node finished since (else the resume was refused), so it holds.
+    restorable = rec is not None and rec.state in ("banked", "unknown") and rec.key is not None
+    if rec is None or not restorable or rec.forsaken:
         if caps.host_backed_scratch:  # a fresh scratch: nothing of another execution's leaks in
             await asyncio.to_thread(_fresh, execution)
         if rec is not None and rec.forsaken:
@@ -118,6 +122,33 @@ async def restore_scratch(execution: Execution) -> Failed | None:
     if failed is not None:
         execution.scratch_held = True
     return failed
+
+
+async def mark_unbanked(execution: Execution) -> None:
+    """Before this execution's first tool node (the first thing that may write the scratch), on
+    a deployment that banks (adr/0011, amendment): the record says the scratch is `unknown`
+    from here on and names this lease token, keeping the bank (key, progress) it was restored
+    from. Teardown replaces it with what it banks; a runner killed before its teardown leaves
+    it, so a resume after one of this execution's sandbox nodes finished is refused
+    `SCRATCH_NOT_PORTABLE` (§7.4, `moved_past`) instead of running on an empty or older
+    scratch. A new record clears `forsaken` (§7.3)."""
+    if execution.scratch_marked or not banks(execution) or execution.scratch_held:
+        return
+    execution.scratch_marked = True
+    rec = execution.run_doc.scratch
+    if rec is not None and rec.state == "unknown" and rec.lease_token == execution.token:
+        return
+    if rec is not None and rec.state == "unbankable" and not rec.forsaken:
+        return  # already refuses every resume until the loss is accepted
+    if rec is not None and not rec.forsaken and rec.state in ("banked", "empty", "unknown"):
+        # the scratch is the one this record describes (restored, or empty since then)
+        marker = rec.model_copy(update={"state": "unknown", "lease_token": execution.token})
+    else:  # none yet, or forsaken: a fresh scratch, as of this checkpoint
+        marker = ScratchRecord(state="unknown", progress=execution.checkpoint.progress)
+        marker.lease_token = execution.token
+    marker.at = utcnow()
+    await execution.writer.write_record({"scratch": marker.model_dump()})
+    execution.run_doc = execution.run_doc.model_copy(update={"scratch": marker})
 
 
 def _fresh(execution: Execution) -> None:

@@ -28,7 +28,16 @@ from engine.rewind import rewind
 from engine.sandbox.local import LocalSandboxDriver
 from engine.scratch import bank_prefix, deployment_host_backed, host_backed_of
 from engine.settle import settle
-from store import BlobInfo, Event, RunDocument, RunStatus, RunStore, StoreUnavailable, Update
+from store import (
+    BlobInfo,
+    Event,
+    RunDocument,
+    RunStatus,
+    RunStore,
+    ScratchRecord,
+    StoreUnavailable,
+    Update,
+)
 from store.blobs_fs import FilesystemBlobStore
 from store.mongo import MongoRunStore
 from store.sqlite import SqliteRunStore
@@ -110,6 +119,15 @@ async def events_of(store: RunStore, run_id: str, kind: str) -> list[Event]:
 
 async def keys(blobs: FlakyBlobs, run_id: str) -> list[str]:
     return sorted(i.key for i in await blobs.list(bank_prefix(run_id)))
+
+
+def marked(after: ScratchRecord | None, bank: ScratchRecord | None, token: str = "") -> bool:
+    """`after` is the mark a later execution (`token`) wrote over `bank` before its first tool
+    node: `unknown`, still naming the bank's key and progress (adr/0011, amendment)."""
+    assert after is not None and bank is not None
+    same = (after.key, after.bytes, after.progress) == (bank.key, bank.bytes, bank.progress)
+    by = after.lease_token == token if token else after.lease_token != bank.lease_token
+    return after.state == "unknown" and by and same
 
 
 async def parked(env: LocalEnv, size: int = 4096) -> RunDocument:
@@ -303,7 +321,7 @@ async def test_a_stale_bank_is_refused_and_a_rewind_that_drops_the_node_makes_it
     doc = await parked(a)
     bank = doc.scratch
     # The next execution runs the `act` tool node, parks at `ask2`, and dies before its
-    # teardown could bank: the record still names the bank from before `act`.
+    # teardown could bank: the record is its mark, still naming the bank from before `act`.
     claimed = await claim_local(a, doc, ResumeRequest(answers=WIPE))
     assert claimed.lease is not None
     events = EventLog(mongo, claimed.run_id, claimed.attempt, claimed.lease.token)
@@ -312,7 +330,7 @@ async def test_a_stale_bank_is_refused_and_a_rewind_that_drops_the_node_makes_it
     await settle(execution.writer, events, outcome)
     await execution.writer.release()  # no teardown: the crash
     doc = await mongo.get_run(doc.run_id)
-    assert doc.scratch == bank and scratch_problem(doc) is not None
+    assert marked(doc.scratch, bank, claimed.lease.token) and scratch_problem(doc) is not None
     with pytest.raises(ScratchNotPortable, match="moved past"):
         await resume_local(b, doc.run_id, ResumeRequest(answers={"ok": True}))
     await rewind(mongo, doc.run_id, "act")
@@ -396,7 +414,7 @@ async def test_a_kill_between_upload_and_record_never_restores_a_stale_bank_sile
         await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))  # runs `act`, parks
     monkeypatch.undo()
     doc = await mongo.get_run(doc.run_id)
-    assert doc.scratch == first and len(await keys(blobs, doc.run_id)) == 2
+    assert marked(doc.scratch, first) and len(await keys(blobs, doc.run_id)) == 2
     # `act` finished after the bank the record names: refused, never restored silently.
     assert doc.status is RunStatus.PAUSED_WAITING_HUMAN  # the status was written before
     await mongo.update_run(doc.run_id, [], Update(unset=["lease"]))  # the lease expired
@@ -443,7 +461,7 @@ async def test_a_scratch_that_cannot_be_read_keeps_the_previous_record(
     monkeypatch.setattr(engine.scratch, "make_archive", unreadable)
     doc = await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))  # runs `act`, parks
     assert doc.status is RunStatus.PAUSED_WAITING_HUMAN
-    assert doc.scratch == first  # not replaced by "unknown": `act` finished after it ...
+    assert marked(doc.scratch, first)  # `act`'s mark stays: `act` finished after the bank ...
     last = (await events_of(mongo, doc.run_id, "sandbox_scratch_banked"))[-1]
     assert last.data["unknown"] and "Permission denied" in last.data["reason"]
     with pytest.raises(ScratchNotPortable, match="moved past"):  # ... so a resume refuses
