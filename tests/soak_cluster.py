@@ -12,9 +12,9 @@ fault, so faults never pile up into a loss of quorum (which is not what this soa
   API (`$JS.API.STREAM.LEADER.STEPDOWN.<stream>`, `$JS.API.CONSUMER.LEADER.STEPDOWN.<stream>.
   <consumer>`): an orderly hand-over, what a rolling upgrade does to every leader.
 - `pause`: SIGSTOP of the node leading the work consumer for `pause_s` (longer than `ack_wait`),
-  then SIGCONT. Unlike a kill, its sockets stay open: clients connected to it see no error,
-  their requests just go unanswered until it wakes (nats-py notices a dead server only after
-  two unanswered pings, minutes by default).
+  and at least until the others have elected a leader, then SIGCONT. Unlike a kill, its sockets
+  stay open: clients connected to it see no error, their requests just go unanswered until it
+  wakes (nats-py notices a dead server only after two unanswered pings, minutes by default).
 
 A killed node is restarted after `outage_s` (same ports, same store) and waited for until its
 `/healthz` is ok. What is measured per fault: how long the runs stream or its consumer had no
@@ -47,6 +47,8 @@ KINDS = (
 )
 _STEPDOWN_TRIES = 20
 _STEPDOWN_PAUSE_S = 0.25
+_WHOLE_WITHIN_S = 60.0
+_POLL_S = 0.1
 
 
 @dataclass
@@ -168,9 +170,17 @@ class ClusterFaults:
         return time.monotonic() - since
 
     async def whole(self) -> None:
-        """Every node ready, and the runs stream, the work consumer, the advisory stream and
-        the backstop consumer each with a leader."""
-        await asyncio.to_thread(self.cluster.wait_ready, range(len(self.cluster.nodes)))
+        """Every node ready in one sweep, and the runs stream, the work consumer, the advisory
+        stream and the backstop consumer each with a leader. One sweep: a node's `/healthz`
+        can turn unhealthy again while a restarted peer catches up ("stream ... is not current:
+        group node unhealthy", seen on a node that was ok a moment before), so each node's ok in
+        turn is not yet a whole cluster."""
+        deadline = time.monotonic() + _WHOLE_WITHIN_S
+        nodes = range(len(self.cluster.nodes))
+        while not all(status == "ok" for status in await asyncio.to_thread(self._health, nodes)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster not whole within {_WHOLE_WITHIN_S}s")
+            await asyncio.sleep(_POLL_S)  # between two sweeps, not a synchronisation
         advisory, backstop = self.backstop
         async with self.cluster.client() as (nc, _):
             for stream, consumer in (
@@ -180,6 +190,10 @@ class ClusterFaults:
                 (advisory, backstop),
             ):
                 await leader_other_than(nc, stream, consumer, exclude=None)
+
+
+    def _health(self, nodes: range) -> list[str]:
+        return [self.cluster.health(k) for k in nodes]
 
 
 async def _ask(nc: Client, subject: str) -> None:

@@ -20,6 +20,29 @@ Exactly the behaviours the protocol relies on, each pinned against a real nats-s
 
 Time is a `Clock` the caller advances; nothing sleeps. Acks and naks on one delivery object are
 refused a second time, as nats-py refuses them (`MsgAlreadyAckdError`).
+
+The double is one server: it has no leaders. On a three-node cluster with the stream at three
+replicas (nats-server 2.15.1; the contract tests' cluster cases, each with the stream's and the
+consumer's leader stepping down through the JetStream API in its middle), every behaviour above
+held, and three differences were observed that the double does not model:
+
+- a consumer leader change hands out *at once* a message redelivered less than `ack_wait` ago
+  and not working-acked since: the replicated consumer state keeps the `ack_wait` clock of the
+  first delivery (or of the last working ack), not of a later redelivery — a second holder
+  early (`test_a_consumer_leader_change_redelivers_at_once_a_redelivery_not_working_acked`).
+  The protocol's answer is the same as to any duplicate delivery: the lease fence (SPEC §13
+  inv. 2), and the runner's first working ack after its claim closes the window;
+- an acked message stays readable by `get_msg` for a few ms after the ack is answered (2-26 ms
+  measured): the stream removes it through its own raft group (the tests' `removal_lag`). A
+  reader sees a message that is going, never one that is gone coming back;
+- right after a leader change the JetStream API may answer 503 or not at all for a moment (an
+  election): a request is asked again, not taken as the behaviour under test. A SIGKILLed leader
+  leaves the stream leaderless for raft's election timeout (4-9 s in the soaks): publishes get
+  no responders, acks and pulls go unanswered (`tests/soak_cluster.py`, docs/reliability.md).
+
+The dedupe window, nak delays, working acks from an older delivery, the max-deliveries advisory
+and an ack after it all survived the step-downs unchanged, which is why the model may run on a
+double without leaders; a model of leader changes would add the first difference as a fault.
 """
 
 from __future__ import annotations
