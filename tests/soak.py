@@ -294,7 +294,7 @@ class SoakConfig:
     """With a cluster: faults of `tests.soak_cluster.KINDS`, in turn (each restarted)."""
     pause_s: float = 12.0
     """How long a paused node stays SIGSTOPped: past `ack_wait` (3.5 s) and past raft's election
-    timeout (4-9 s measured), so the others elect a leader while it sleeps."""
+    timeout (3.5-7 s measured), so the others elect a leader while it sleeps."""
 
     @property
     def deadline(self) -> float:

@@ -37,7 +37,7 @@ held, and three differences were observed that the double does not model:
   reader sees a message that is going, never one that is gone coming back;
 - right after a leader change the JetStream API may answer 503 or not at all for a moment (an
   election): a request is asked again, not taken as the behaviour under test. A SIGKILLed leader
-  leaves the stream leaderless for raft's election timeout (4-9 s in the soaks): publishes get
+  leaves the stream leaderless for raft's election timeout (3.5-7 s in the soaks): publishes get
   no responders, acks and pulls go unanswered (`tests/soak_cluster.py`, docs/reliability.md).
 
 The dedupe window, nak delays, working acks from an older delivery, the max-deliveries advisory
