@@ -16,8 +16,9 @@ paths are the host's: it is a test double, not a chroot.
 Faults: `delete_pod(ns, pod)` kills the pod's commands (their status says exit 137, as a
 kubelet's would for a deleted pod) and answers later execs with 404; `break_connections(ns,
 pod)` aborts the TCP connections of its execs mid-stream (a network failure: no status). A
-client that goes away kills its command's process group. `protocols=(PROTOCOL_V4,)` makes an
-API server too old to close stdin.
+client that goes away kills its command's process group, unless `orphans=True`: then, as on a
+real kubelet, a command whose stream closed runs on until it ends or its pod is deleted.
+`protocols=(PROTOCOL_V4,)` makes an API server too old to close stdin.
 
 With kmock (one host for the API and exec): kmock's handler is a plain aiohttp handler, so the
 exec server can front it; every request that is not an exec goes to `fallback`::
@@ -85,11 +86,15 @@ class ExecServer:
         protocols: Sequence[str] = (PROTOCOL_V5, PROTOCOL_V4),
         mounts: Sequence[str] = ("/workspace", "/scratch", "/run/runfleet/attachments"),
         fallback: Handler | None = None,
+        orphans: bool = False,
     ) -> None:
         self.root = root
         self.protocols = tuple(protocols)
         self.mounts = tuple(mounts)
         self.fallback = fallback
+        self.orphans = orphans
+        self._orphaned: dict[tuple[str, str], set[asyncio.subprocess.Process]] = {}
+        self._reapers: set[asyncio.Task[int]] = set()
         self.gone: set[tuple[str, str]] = set()
         self.execs: list[tuple[str, str, list[str]]] = []
         """Every exec served: (namespace, pod, command as sent)."""
@@ -120,7 +125,10 @@ class ExecServer:
 
     def delete_pod(self, namespace: str, pod: str) -> None:
         self.gone.add((namespace, pod))
-        for proc in self._live.get((namespace, pod), {}):
+        for proc in [
+            *self._live.get((namespace, pod), {}),
+            *self._orphaned.get((namespace, pod), ()),
+        ]:
             _kill(proc)
 
     def break_connections(self, namespace: str, pod: str) -> int:
@@ -147,9 +155,10 @@ class ExecServer:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        for live in self._live.values():
-            for proc in live:
+        for procs in [*self._live.values(), *self._orphaned.values()]:
+            for proc in procs:
                 _kill(proc)
+        await asyncio.gather(*self._reapers, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -196,9 +205,20 @@ class ExecServer:
             await self._serve(ws, proc)
         finally:
             live.pop(proc, None)
-            _kill(proc)
-            await proc.wait()  # SIGKILLed: at once
+            if self.orphans and proc.returncode is None:
+                self._orphan((namespace, pod), proc)
+            else:
+                _kill(proc)
+                await proc.wait()  # SIGKILLed: at once
         return ws
+
+    def _orphan(self, key: tuple[str, str], proc: asyncio.subprocess.Process) -> None:
+        """A kubelet's orphan: the stream is gone and the command runs on; reaped when it ends."""
+        orphaned = self._orphaned.setdefault(key, set())
+        orphaned.add(proc)
+        reaper = asyncio.ensure_future(proc.wait())
+        self._reapers.add(reaper)
+        reaper.add_done_callback(lambda t: (self._reapers.discard(t), orphaned.discard(proc)))
 
     async def _serve(self, ws: web.WebSocketResponse, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None and proc.stderr is not None
@@ -215,7 +235,8 @@ class ExecServer:
         try:
             await asyncio.wait([reader, done], return_when=asyncio.FIRST_COMPLETED)
             if not done.done() or done.exception() is not None:
-                _kill(proc)  # the client went away: abandon the command
+                if not self.orphans:
+                    _kill(proc)  # the client went away: abandon the command
                 return
             assert proc.returncode is not None
             code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import shlex
 import tempfile
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from kubernetes.aio.client import CoreV1Api
 
 from engine.archive import ArchiveError, make_archive
 from engine.sandbox.errors import SandboxCopyFailed, SandboxError, SandboxLost
+from engine.sandbox.kubernetes import abandon
 from engine.sandbox.kubernetes import copy as pod_copy
 from engine.sandbox.kubernetes import exec as pod_exec
 from engine.sandbox.kubernetes.pod import CONTAINER, SCRATCH, WORKSPACE
@@ -50,6 +52,10 @@ LOSS_SETTLE_S = 2.0
 """How long a killed command waits for the watch to say whether its pod was lost."""
 _KILLED = frozenset({137, 143, -9, -15})
 """SIGKILL / SIGTERM, as the exec status (128 + n) or as a signal."""
+END_GRACE_S = 2.0
+"""A timed-out command's SIGTERM → SIGKILL grace inside the pod (the local driver's default)."""
+END_EXEC_SLACK_S = 10.0
+"""How long the ending exec may take beyond its grace before it is itself abandoned."""
 log = logging.getLogger(__name__)
 
 
@@ -132,8 +138,10 @@ class KubernetesSandbox:
     async def exec(
         self, command: str, *, timeout_s: float, on_output: OutputCallback | None = None
     ) -> ExecResult:
+        exec_id = secrets.token_hex(8)
         script = (
-            f"export RUNFLEET_WORKSPACE={WORKSPACE} RUNFLEET_SCRATCH_DIR={SCRATCH}\n"
+            abandon.pid_prelude(exec_id)
+            + f"export RUNFLEET_WORKSPACE={WORKSPACE} RUNFLEET_SCRATCH_DIR={SCRATCH}\n"
             f"cd {WORKSPACE} || exit 1\n{command}"
         )
         result = await self._guarded(
@@ -147,7 +155,9 @@ class KubernetesSandbox:
                 on_output=on_output,
             )
         )
-        if not result.timed_out and result.exit_code in _KILLED:
+        if result.timed_out:
+            await self._end_abandoned(exec_id)
+        elif result.exit_code in _KILLED:
             # Killed: the kubelet ends a deleted pod's processes, and the exec's status may
             # arrive a moment before the watch's event. A node is not a tool failure when its
             # pod was taken: wait briefly for the watch's word.
@@ -156,6 +166,21 @@ class KubernetesSandbox:
             if self.lost.is_set():
                 raise self._loss()
         return result
+
+    async def _end_abandoned(self, exec_id: str) -> None:
+        """The timed-out command and all it started, ended inside the pod (`abandon`). Best
+        effort: a pod that cannot be reached is the watch's news, not this result's."""
+        try:
+            await pod_exec.exec_in_pod(
+                self._api,
+                self._namespace,
+                self._name,
+                CONTAINER,
+                ["/bin/sh", "-c", abandon.end_script(exec_id, END_GRACE_S)],
+                timeout=END_GRACE_S + END_EXEC_SLACK_S,
+            )
+        except SandboxError as exc:
+            log.warning("%s: a timed-out command could not be ended: %s", self._name, exc)
 
     async def copy_out(self, src: Path, dest_tar: Path) -> None:
         await self._guarded(

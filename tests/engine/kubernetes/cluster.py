@@ -149,7 +149,7 @@ class Cluster:
 async def fake_cluster(root: Path) -> AsyncIterator[Cluster]:
     async with (
         kmock.KubernetesEmulator() as emulator,
-        ExecServer(root, fallback=emulator) as exec_server,
+        ExecServer(root, fallback=emulator, orphans=True) as exec_server,  # as a kubelet
     ):
         emulator.resources["v1/pods"] = kmock.ResourceInfo()  # listable before the first pod
         kubelet = Kubelet(emulator)

@@ -119,6 +119,36 @@ async def test_start_creates_one_labelled_pod_per_execution_and_execs_in_it(
     assert cluster.pods() == {}
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its reaper has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+async def test_a_timed_out_command_is_ended_inside_the_pod_with_all_it_started(
+    cluster: Cluster, driver: KubernetesSandboxDriver, tmp_path: Path
+) -> None:
+    """SPEC §7.2: a node's timeout stops what it started. Closing the exec's stream does not
+    (the fake cluster's exec server keeps orphans, as a kubelet does): the sandbox ends the
+    command's shell and its children with a second exec."""
+    sandbox = await driver.start(spec(tmp_path))
+    timed = await sandbox.exec("sleep 60 & echo $! > /workspace/child.pid; wait", timeout_s=0.5)
+    assert timed.timed_out
+    child = cluster.exec_server.pod_root(NAMESPACE, sandbox.name) / "workspace" / "child.pid"
+    pid = int(child.read_text())
+
+    async def running() -> bool:
+        return _alive(pid)
+
+    await poll_until(running, lambda alive: not alive, what="the timed-out command's child ended")
+    ok = await sandbox.exec("echo next", timeout_s=10)  # the pod is still usable
+    assert (ok.exit_code, ok.stdout_tail) == (0, b"next\n")
+    await sandbox.stop()
+
+
 async def test_copy_in_and_out_as_tar_over_exec(
     driver: KubernetesSandboxDriver, tmp_path: Path
 ) -> None:
