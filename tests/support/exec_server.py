@@ -216,9 +216,14 @@ class ExecServer:
         """A kubelet's orphan: the stream is gone and the command runs on; reaped when it ends."""
         orphaned = self._orphaned.setdefault(key, set())
         orphaned.add(proc)
-        reaper = asyncio.ensure_future(proc.wait())
+        reaper = asyncio.create_task(proc.wait())
         self._reapers.add(reaper)
-        reaper.add_done_callback(lambda t: (self._reapers.discard(t), orphaned.discard(proc)))
+
+        def reaped(task: asyncio.Task[int]) -> None:
+            self._reapers.discard(task)
+            orphaned.discard(proc)
+
+        reaper.add_done_callback(reaped)
 
     async def _serve(self, ws: web.WebSocketResponse, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None and proc.stderr is not None
