@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from store import BlobStore, ResumeSpec, RunDocument
+from store.checked import fetch_checked
 from store.errors import Refusal, RunfleetError, StoreError
 from store.models import StagedFile, StagedUpload
-from store.staging import StagedUploadNotFound, StagingStore
+from store.staging import StagedUploadInvalid, StagedUploadNotFound, StagingStore
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -161,14 +163,50 @@ async def promote_answers(
 ) -> None:
     """Before the fresh claim's CAS: each uploaded answer's bytes promoted to the run under the
     field's name, from the run's own tenant (another tenant's upload id is not found). A retry
-    after a lost CAS finds the upload gone and the bytes in place, which is done."""
+    after a lost CAS finds the upload gone and this answer's bytes in place, which is done.
+
+    An answer whose upload is gone before it was promoted (reaped past `RUNFLEET_UPLOAD_TTL`,
+    discarded, its bytes lost) or cannot be promoted as a one-file answer is refused:
+    `StagedUploadNotFound` / `StagedUploadInvalid` naming the field, which the runner turns
+    into the run put back where the resume found it, waiting for a new answer (SPEC §6.4, §8;
+    `runner.delivery`). Bytes under the field's key from an earlier answer of the same field
+    are not this answer's: checked against its digest, never taken for it."""
     for name, answer in uploaded_answers(run, spec).items():
         key = f"runs/{run.run_id}/attachments/{name}"
+        upload_id = answer["upload"]
         try:
-            await staging.promote(answer["upload"], run.tenant, run.run_id, rename=name)
-        except StagedUploadNotFound:
-            if await blobs.stat(key) is None:
-                raise
+            await staging.promote(upload_id, run.tenant, run.run_id, rename=name)
+        except StagedUploadNotFound as exc:
+            if await _promoted_already(blobs, key, answer):
+                continue
+            raise StagedUploadNotFound(
+                f"the upload {upload_id!r} answering {name!r} is gone ({exc.message}); "
+                "resume the run again with a new answer"
+            ) from exc
+        except StagedUploadInvalid as exc:
+            raise StagedUploadInvalid(
+                f"the upload {upload_id!r} answering {name!r} cannot be used: {exc.message}"
+            ) from exc
+
+
+async def _promoted_already(blobs: BlobStore, key: str, answer: Mapping[str, Any]) -> bool:
+    """Whether `key` holds this answer's bytes (a retry after a lost CAS promoted them)."""
+    info = await blobs.stat(key)
+    if info is None or info.size != answer.get("bytes"):
+        return False
+    with tempfile.TemporaryDirectory(prefix="runfleet-answer-") as tmp:
+        try:
+            await fetch_checked(
+                blobs,
+                key,
+                Path(tmp) / "answer",
+                sha256=str(answer.get("sha256")),
+                size=info.size,
+                what="a promoted answer",
+            )
+        except StoreError:
+            return False
+    return True
 
 
 def answer_attachments(run: RunDocument, spec: ResumeSpec | None) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import shutil
 import stat
@@ -52,6 +51,7 @@ from engine.failures import FailureCode
 from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import SandboxCapabilities, SandboxDriver, SeedDir
 from store import BlobStore, RunDocument
+from store.checked import fetch_checked
 from store.errors import StoreError
 from store.models import StagedFile
 
@@ -86,7 +86,6 @@ SANDBOX_DIR = "/run/runfleet/attachments"
 Delivery = Literal["host", "copy", "none"]
 URL_TTL_S = 3600
 """How long a presigned attachment URL stays valid."""
-_CHUNK = 1024 * 1024
 
 
 class AttachmentsUnfetchable(SandboxError, failure_code=FailureCode.ATTACHMENTS_UNFETCHABLE):
@@ -192,19 +191,17 @@ async def materialise(blobs: BlobStore | None, run: RunDocument, dest: Path) -> 
         target = dest / attachment.name / attachment.filename
         await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
         try:
-            await blobs.get_to_file(attachment.key, target)
-        except StoreError as exc:
-            raise AttachmentsUnfetchable(
-                f"attachment {attachment.name!r} ({attachment.key}) cannot be fetched: {exc}"
-            ) from exc
-        digest, size = await asyncio.to_thread(_sha256, target)
-        if digest != attachment.sha256 or size != attachment.bytes:
-            raise AttachmentsUnfetchable(
-                f"attachment {attachment.name!r} ({attachment.key}) came back with sha256 "
-                f"{digest} and {size} bytes; the run holds {attachment.sha256} and "
-                f"{attachment.bytes}"
+            await fetch_checked(
+                blobs,
+                attachment.key,
+                target,
+                sha256=attachment.sha256,
+                size=attachment.bytes,
+                what=f"attachment {attachment.name!r}",
             )
-        total += size
+        except StoreError as exc:  # unreachable, gone, or other bytes: never handed over
+            raise AttachmentsUnfetchable(f"attachment {attachment.name!r}: {exc}") from exc
+        total += attachment.bytes
     await asyncio.to_thread(_read_only, dest)
     return total
 
@@ -265,16 +262,6 @@ def _read_only(path: Path) -> None:
         for d in dirs:
             os.chmod(Path(root) / d, 0o555)
     os.chmod(path, 0o555)
-
-
-def _sha256(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as src:
-        while chunk := src.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 class RunAttachments:

@@ -103,6 +103,28 @@ async def cancel_stale(
     )
 
 
+async def refuse_answer(
+    store: RunStore, run: RunDocument, detail: str, *, now: datetime, skew: timedelta
+) -> RunDocument | CasConflict:
+    """A resume's uploaded `file` answer that cannot be promoted (its staged upload is gone):
+    `queued → prior_status` on the fresh path, as a scratch refusal there is (SPEC §5.2 step 7),
+    with `ATTACHMENTS_UNFETCHABLE` (§8: the answer's bytes cannot be fetched) and the cause.
+    None of the resume's effects is written, so the run waits at the same question, resumable
+    with a new answer; never an internal error, never a DLQ record."""
+    assert run.resume_spec is not None
+    return await store.update_run(
+        run.run_id,
+        _read_conditions(run, now, skew),
+        Update(
+            set={
+                "status": run.resume_spec.prior_status,
+                "failure_code": FailureCode.ATTACHMENTS_UNFETCHABLE,
+                "error": detail,
+            }
+        ),
+    )
+
+
 async def park_refusal(
     store: RunStore,
     run: RunDocument,

@@ -23,7 +23,7 @@ from engine.outcome import CancelReason, Failed, Interrupted, Outcome
 from publisher.errors import MalformedMessage, UnsupportedSchema
 from publisher.wire import RunMessage, decode
 from runner.admission import Ack, CancelStale, Claim, ClaimPath, Dead, Nak, Refuse, judge
-from runner.claim import cancel_stale, claim, park_refusal
+from runner.claim import cancel_stale, claim, park_refusal, refuse_answer
 from runner.delays import transient_delay
 from runner.deliveries import Delivery
 from runner.disposition import dispose_outcome
@@ -33,6 +33,7 @@ from runner.metrics import status_label
 from runner.repair import repair_status_event
 from runner.services import RunnerServices
 from store import CasConflict, RunDocument, RunNotFound, StoreError, utcnow
+from store.staging import StagedUploadInvalid, StagedUploadNotFound
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ async def _admit(
         )
         if isinstance(parked, CasConflict):
             return "again"
-        await _refusal_event(svc, parked, decision)
+        await _refusal_event(svc, parked, decision.kind)
         await delivery.ack()
         await svc.delivery_log.disposed(delivery, "ack", f"refused_{decision.kind}")
         return None
@@ -204,17 +205,27 @@ async def _admit(
     if svc.draining and decision.path == "fresh":
         # A draining runner holding the last delivery of a queued run (SPEC v2.2 §5.8).
         return None if await hand_on(svc, delivery, run, now) else "again"
-    claimed = await claim(
-        svc.store,
-        run,
-        decision.path,
-        delivery.info,
-        owner=svc.owner,
-        now=now,
-        ttl=svc.ttl,
-        skew=svc.skew,
-        blobs=svc.blobs,
-    )
+    try:
+        claimed = await claim(
+            svc.store,
+            run,
+            decision.path,
+            delivery.info,
+            owner=svc.owner,
+            now=now,
+            ttl=svc.ttl,
+            skew=svc.skew,
+            blobs=svc.blobs,
+        )
+    except (StagedUploadNotFound, StagedUploadInvalid) as exc:
+        # A file answer whose upload is gone: the resume is refused, the run waits again.
+        refused = await refuse_answer(svc.store, run, exc.message, now=now, skew=svc.skew)
+        if isinstance(refused, CasConflict):
+            return "again"
+        await _refusal_event(svc, refused, "answer")
+        await delivery.ack()
+        await svc.delivery_log.disposed(delivery, "ack", "refused_answer")
+        return None
     if isinstance(claimed, CasConflict):
         svc.metrics.claims.labels(path=decision.path, outcome="lost").inc()
         return "again"
@@ -224,8 +235,8 @@ async def _admit(
     return _Claimed(claimed, decision.path)
 
 
-async def _refusal_event(svc: RunnerServices, doc: RunDocument, decision: Refuse) -> None:
-    if decision.kind == "budget":
+async def _refusal_event(svc: RunnerServices, doc: RunDocument, kind: str) -> None:
+    if kind == "budget":
         await svc.store.append_event(
             doc.run_id,
             "run_paused",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 import shutil
@@ -28,14 +27,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from store.blobkeys import validate_segment
-from store.errors import BlobKeyInvalid, BlobNotFound, Refusal, StoreCorrupt, StoreError
+from store.checked import fetch_checked, sha256_file
+from store.errors import BlobKeyInvalid, BlobNotFound, Refusal, StoreError
 from store.models import StagedFile, StagedUpload
 from store.protocols import BlobStore, RunStore
 from store.timeutil import utcnow
 
 log = logging.getLogger(__name__)
 
-_HASH_CHUNK = 1024 * 1024
 _REAP_BATCH = 100
 
 
@@ -70,7 +69,7 @@ class StagingStore:
             staged: list[StagedFile] = []
             for name, filename, path in plan:
                 key = f"uploads/{upload_id}/{filename}"
-                digest, size = await asyncio.to_thread(_sha256, path)
+                digest, size = await asyncio.to_thread(sha256_file, path)
                 written.append(key)
                 info = await self._blobs.put_file(key, path)
                 if info.size != size:
@@ -195,19 +194,21 @@ class StagingStore:
         await self._runs.delete_staged_upload(record.id, record.tenant)
 
     async def _fetch_checked(self, upload_id: str, staged: StagedFile, dest: Path) -> None:
-        key = staged.key
+        """The staged bytes, as recorded: lost bytes read as a missing upload (the record is
+        reaped later), other bytes are `StoreCorrupt`."""
         try:
-            await self._blobs.get_to_file(key, dest)
+            await fetch_checked(
+                self._blobs,
+                staged.key,
+                dest,
+                sha256=staged.sha256,
+                size=staged.bytes,
+                what=f"staged upload {upload_id!r}: {staged.name!r}",
+            )
         except BlobNotFound as exc:
             raise StagedUploadNotFound(
                 f"staged upload {upload_id!r} has lost the bytes of {staged.name!r}"
             ) from exc
-        digest, size = await asyncio.to_thread(_sha256, dest)
-        if digest != staged.sha256 or size != staged.bytes:
-            raise StoreCorrupt(
-                f"staged upload {upload_id!r}: {staged.name!r} ({key}) has sha256 {digest} and "
-                f"{size} bytes, the record says {staged.sha256} and {staged.bytes}"
-            )
 
     async def _delete_keys(self, keys: list[str], *, why: str) -> None:
         """Best effort: the failure that brought us here is what the caller must see."""
@@ -239,16 +240,3 @@ def _plan(tenant: str, files: Mapping[str, Path]) -> list[tuple[str, str, Path]]
         filenames[path.name] = name
         plan.append((name, path.name, path))
     return plan
-
-
-def _sha256(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with path.open("rb") as src:
-            while chunk := src.read(_HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-    except OSError as exc:
-        raise StoreError(f"cannot read {path}: {exc}") from exc
-    return digest.hexdigest(), size
