@@ -230,7 +230,7 @@ async def _admit(
         svc.metrics.claims.labels(path=decision.path, outcome="lost").inc()
         return "again"
     svc.metrics.claims.labels(path=decision.path, outcome="won").inc()
-    await svc.delivery_log.note(delivery, "claim", decision.path)
+    await svc.delivery_log.disposed(delivery, "claim", decision.path, counted=False)
     svc.metrics.queue_wait.observe(max((now - message.published_at).total_seconds(), 0.0))
     return _Claimed(claimed, decision.path)
 

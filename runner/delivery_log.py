@@ -66,8 +66,9 @@ def subject_token(run_id: str | None) -> str:
 
 
 class DeliveryLog:
-    """A runner's writer of the log. `disposed` is the one call a disposition site makes: it
-    counts the disposition in the runner's metrics (SPEC §5.8) and records it here."""
+    """A runner's writer of the log. `disposed` is the one call a disposition site (and the
+    claim) makes: it counts the disposition in the runner's metrics (SPEC §5.8) and records it
+    here."""
 
     def __init__(
         self, nc: Client, names: WireNames, runner: str, metrics: RunnerMetrics | None = None
@@ -85,21 +86,12 @@ class DeliveryLog:
         *,
         delay: float | None = None,
         record_id: int | None = None,
+        counted: bool = True,
     ) -> None:
-        if self.metrics is not None:
+        """`counted=False`: record without counting — a claim, which the claims metric counts,
+        is not a disposition."""
+        if counted and self.metrics is not None:
             self.metrics.delivery(action, reason)
-        await self.note(delivery, action, reason, delay=delay, record_id=record_id)
-
-    async def note(
-        self,
-        delivery: Delivery,
-        action: str,
-        reason: str,
-        *,
-        delay: float | None = None,
-        record_id: int | None = None,
-    ) -> None:
-        """Record without counting (a claim is counted by the claims metric)."""
         message = delivery.message
         await self.record(
             message.run_id if message is not None else None,

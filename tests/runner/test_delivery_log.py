@@ -108,6 +108,20 @@ async def test_a_launched_runs_delivery_log_shows_its_claim_and_its_ack(
     assert entries[0].at <= entries[1].at
 
 
+async def test_a_claim_is_logged_but_counted_only_by_the_claims_metric_not_as_a_disposition(
+    fleet: Fleet, runner: Runner
+) -> None:
+    """One call for every log line (`DeliveryLog.disposed`): a disposition is counted in
+    `runfleet_deliveries_total` (SPEC §5.8), a claim is not (the claims metric counts it)."""
+    run = await fleet.launch(workflow("hello").source)
+    await fleet.wait_status(run.run_id, "finished")
+    await wait_log(fleet, run.run_id, lambda es: ("ack", "finished") in actions(es))
+    sample = runner.metrics.registry.get_sample_value
+    assert sample("runfleet_deliveries_total", {"disposition": "ack", "reason": "finished"}) == 1
+    assert sample("runfleet_deliveries_total", {"disposition": "claim", "reason": "fresh"}) is None
+    assert sample("runfleet_claims_total", {"path": "fresh", "outcome": "won"}) == 1
+
+
 async def test_a_transient_failure_is_logged_as_a_nak_with_its_delay(
     fleet: Fleet, runner: Runner, gates: Path
 ) -> None:
