@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from runner.console.auth import TOKENS_FILE
-from tests.deploy.test_configmap_runner import pod_env, spawn
+from tests.deploy.test_configmap_runner import pod_env, spawn, streams_ensure
 from tests.deploy.test_manifests import (
     BUILDS,
     OVERLAYS,
@@ -43,7 +43,6 @@ from tests.deploy.test_manifests import (
     workload_env,
 )
 from tests.runner.conftest import eventually
-from tests.runner.procs import RUNFLEET
 from tests.support.nats_server import NatsServer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -93,17 +92,7 @@ async def test_api_replicas_serve_from_the_pods_environment_and_share_no_state(
         TOKENS_FILE: str(tokens),
     }
     # The streams Job's work, on this one-server NATS.
-    ensure_env = pod_env(pod, {**shared, "RUNFLEET_STREAM_REPLICAS": "1"})
-    ensure = await asyncio.to_thread(
-        subprocess.run,
-        [str(RUNFLEET), "streams", "ensure", "--json"],
-        env=ensure_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert ensure.returncode == 0, ensure.stdout + ensure.stderr
+    await streams_ensure(pod_env(pod, {**shared, "RUNFLEET_STREAM_REPLICAS": "1"}))
 
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []

@@ -99,6 +99,20 @@ def spawn(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Po
         )
 
 
+async def streams_ensure(env: dict[str, str]) -> None:
+    """`runfleet streams ensure --json` with `env`, as the streams Job runs it; it must pass."""
+    ensure = await asyncio.to_thread(
+        subprocess.run,
+        [str(RUNFLEET), "streams", "ensure", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ensure.returncode == 0, ensure.stdout + ensure.stderr
+
+
 def get(port: int, path: str) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
@@ -129,16 +143,7 @@ async def test_runner_becomes_ready_with_exactly_the_configmaps_environment(
     if build != "dev":
         assert data["RUNFLEET_SANDBOX"] == "kubernetes"
 
-    ensure = await asyncio.to_thread(
-        subprocess.run,
-        [str(RUNFLEET), "streams", "ensure", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert ensure.returncode == 0, ensure.stdout + ensure.stderr
+    await streams_ensure(env)
 
     log_path = tmp_path / "runner.log"
     proc = spawn(["runner"], env, log_path)

@@ -23,25 +23,8 @@ from runner.operations import Env
 from store import RunDocument
 from store.config import StoreSettings
 from store.staging import StagingStore
+from tests.console.test_api_uploads import ASKS_FILE  # ask `doc` (a file), then cat it
 from tests.runner.conftest import Fleet
-
-ASKS_FILE = """\
-name: asks_file
-entry: ask
-nodes:
-  ask:
-    kind: human
-    questions:
-      - name: doc
-        type: file
-  show_doc:
-    kind: tool
-    run: cat {{ attachments.doc.path }}
-    output: text
-edges:
-  - from: ask
-    to: show_doc
-"""
 
 
 def operator_env(fleet: Fleet) -> Env:
