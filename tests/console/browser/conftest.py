@@ -11,9 +11,11 @@ docs/console/*.png are made).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,13 +47,35 @@ expect.set_options(timeout=WAIT_MS)
 
 @dataclass
 class Console:
+    """The fleet and its console. A `runfleet` command costs seconds on a loaded machine, so
+    the tests launch and check runs through the HTTP API the console serves (`api`), and use
+    the CLI where the CLI itself is the point (a launch the page must notice, a refusal the
+    form must repeat)."""
+
     up: Up
     url: str
 
-    def launch(self, workflow: Path | str, *pairs: str) -> str:
-        run_id = self.up.launch(workflow, *pairs)["run_id"]
-        assert isinstance(run_id, str)
-        return run_id
+    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        request = urllib.request.Request(
+            f"{self.url}/api/v1{path}",
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def launch(self, workflow: str, **variables: str) -> str:
+        run = self.api("POST", "/runs", {"workflow": workflow, "vars": variables})
+        return str(run["run_id"])
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        run = self.api("GET", f"/runs/{run_id}")
+        assert isinstance(run, dict)
+        return run
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.api("GET", "/dlq")["records"])
 
     def publish_raw(self, body: bytes) -> int:
         """`Up.publish_raw` from a thread of its own: it runs an event loop, and Playwright's
@@ -60,9 +84,9 @@ class Console:
             return pool.submit(self.up.publish_raw, body).result(timeout=30)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    """One `runfleet up` (its console on a free port) for the module's tests."""
+    """One `runfleet up` (its console on a free port) for every browser test."""
     up = Up.start(tmp_path_factory.mktemp("console-fleet"), extra={"RUNFLEET_CONSOLE_TOKEN": TOKEN})
     try:
         found = eventually(
@@ -73,7 +97,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         stop_cleanly(up)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as pw:
         args = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium refuses root otherwise

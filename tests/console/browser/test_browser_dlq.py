@@ -11,20 +11,20 @@ from playwright.sync_api import Page, expect
 
 from publisher.wire import RunMessage
 from store import utcnow
-from tests.cli.conftest import TEMPFAIL, eventually, write_workflow
+from tests.cli.conftest import TEMPFAIL, eventually
 from tests.console.browser.conftest import Console, shot
 
 
 def record_of(console: Console, run_id: str | None = None, reason: str | None = None) -> int:
     def probe() -> dict[str, Any] | None:
-        for record in console.up.records():
+        for record in console.records():
             if (run_id is None or record["run_id"] == run_id) and (
                 reason is None or record["reason"] == reason
             ):
                 return record
         return None
 
-    found = eventually(probe, within=60, every=0.5, what=f"a DLQ record of {run_id or reason}")
+    found = eventually(probe, within=60, every=0.2, what=f"a DLQ record of {run_id or reason}")
     return int(found["id"])
 
 
@@ -32,8 +32,17 @@ def dead_lettered(console: Console, tmp_path: Path) -> tuple[str, int, Path]:
     """A run whose tool fails transiently on both deliveries (`RUNFLEET_MAX_DELIVER=2`): nak'd
     once with a delay, then dead-lettered. Creating the returned file fixes it."""
     fix = tmp_path / "fixed"
-    run_id = console.launch(write_workflow(tmp_path, "tempfail", TEMPFAIL), f"fix={fix}")
-    return run_id, record_of(console, run_id), fix
+    run_id = console.launch(TEMPFAIL, fix=str(fix))
+    record_id = record_of(console, run_id)
+
+    def let_go() -> bool:
+        # The record is written before the runner acks the delivery and lets the run go; an
+        # action taken in between meets a held run (a resume's message is nak'd `busy`).
+        entries = console.api("GET", f"/runs/{run_id}/timeline")["entries"]
+        return any(e.get("action") == "ack" and e.get("reason") == "dlq_parked" for e in entries)
+
+    eventually(let_go, within=30, every=0.2, what=f"run {run_id} let go after parking")
+    return run_id, record_id, fix
 
 
 def test_browser_replay_a_dlq_record_and_see_the_run_finish(
@@ -60,7 +69,7 @@ def test_browser_replay_a_dlq_record_and_see_the_run_finish(
     parked = timeline.locator('tr[data-reason="dlq_parked"]')
     expect(parked.locator(f'a[href="/ui/dlq/{record_id}"]')).to_be_visible()
     expect(timeline.locator('tr[data-type="run_finished"]')).to_have_count(1)
-    assert console.up.status(run_id)["status"] == "finished"
+    assert console.run(run_id)["status"] == "finished"
 
 
 def test_browser_purge_asks_for_confirmation_then_removes_the_record(
@@ -74,12 +83,12 @@ def test_browser_purge_asks_for_confirmation_then_removes_the_record(
 
     expect(operator.locator(f'#to-purge tr[data-record="{record_id}"]')).to_be_visible()
     shot(operator, tmp_path, "dlq-purge-confirm")
-    assert record_id in [r["id"] for r in console.up.records()]  # asking purged nothing
+    assert record_id in [r["id"] for r in console.records()]  # asking purged nothing
 
     operator.click("#confirm-purge button")
     expect(operator.locator("#flash")).to_contain_text(f"purged 1 record(s): {record_id}")
     expect(operator.locator(f'tr[data-record="{record_id}"]')).to_have_count(0)
-    assert record_id not in [r["id"] for r in console.up.records()]
+    assert record_id not in [r["id"] for r in console.records()]
 
 
 def test_browser_a_nak_delay_and_a_superseded_delivery_are_in_the_run_timeline(
@@ -87,10 +96,9 @@ def test_browser_a_nak_delay_and_a_superseded_delivery_are_in_the_run_timeline(
 ) -> None:
     run_id, _, fix = dead_lettered(console, tmp_path)
     fix.touch()
-    console.up.ok("resume", run_id)
-    console.up.wait_status(run_id, "finished", within=45)
-
+    console.api("POST", f"/runs/{run_id}/resume", {})
     operator.goto(f"/ui/runs/{run_id}")
+    expect(operator.locator("#run-status")).to_have_text("finished")
     timeline = operator.locator("#timeline")
     nak = timeline.locator('tr[data-action="nak"]').first
     expect(nak).to_contain_text("delivery 1")
@@ -104,4 +112,4 @@ def test_browser_a_nak_delay_and_a_superseded_delivery_are_in_the_run_timeline(
     expect(superseded).to_contain_text("ack · superseded")  # live: no reload
     expect(superseded).to_contain_text("1")
     shot(operator, tmp_path, "run-timeline")
-    assert console.up.status(run_id)["attempt"] == 2
+    assert console.run(run_id)["attempt"] == 2

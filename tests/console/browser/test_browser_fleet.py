@@ -7,7 +7,7 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-from tests.cli.conftest import HOLD, write_workflow
+from tests.cli.conftest import HOLD
 from tests.console.browser.conftest import Console, shot
 
 
@@ -15,9 +15,7 @@ def test_browser_fleet_page_shows_runners_slots_leases_and_the_consumer(
     operator: Page, console: Console, tmp_path: Path
 ) -> None:
     release = tmp_path / "release"
-    run_id = console.launch(write_workflow(tmp_path, "hold", HOLD), f"release={release}")
-    console.up.wait_status(run_id, "running", within=45)
-
+    run_id = console.launch(HOLD, release=str(release))
     operator.goto("/ui/fleet")
     lease = operator.locator(f'#leases tr[data-run="{run_id}"]')
     expect(lease).to_contain_text("in ")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-from tests.cli.conftest import write_workflow
 from tests.console.browser.conftest import Console, shot
 
 ASK = """\
@@ -43,9 +42,11 @@ nodes:
 """
 
 
-def paused_run(console: Console, tmp_path: Path) -> str:
-    run_id = console.launch(write_workflow(tmp_path, "ask", ASK))
-    console.up.wait_status(run_id, "paused_waiting_human", within=45)
+def paused_run(console: Console, page: Page) -> str:
+    """Launch `ASK` and open its page; the page itself shows it pause (live)."""
+    run_id = console.launch(ASK)
+    page.goto(f"/ui/runs/{run_id}")
+    expect(page.locator("#run-status")).to_have_text("paused_waiting_human")
     return run_id
 
 
@@ -56,7 +57,7 @@ def test_browser_runs_page_shows_a_run_launched_after_it_loaded_without_a_reload
     expect(operator.locator("#counts")).to_be_visible()
     operator.evaluate("window.__loadedOnce = 'yes'")  # gone if the page reloads
 
-    run_id = console.launch("examples/hello.yaml", "name=Ada")
+    run_id = console.up.launch("examples/hello.yaml", "name=Ada")["run_id"]  # the CLI
 
     row = operator.locator(f'tr[data-run="{run_id}"]')
     expect(row).to_be_visible()
@@ -74,8 +75,7 @@ def test_browser_runs_page_shows_a_run_launched_after_it_loaded_without_a_reload
 def test_browser_answer_a_paused_run_in_the_form_and_see_it_finish(
     operator: Page, console: Console, tmp_path: Path
 ) -> None:
-    run_id = paused_run(console, tmp_path)
-    operator.goto(f"/ui/runs/{run_id}")
+    run_id = paused_run(console, operator)
     expect(operator.locator("#prompt")).to_have_text("How many, and may it ship?")
     shot(operator, tmp_path, "run-paused")
 
@@ -88,14 +88,13 @@ def test_browser_answer_a_paused_run_in_the_form_and_see_it_finish(
     expect(operator.locator('#timeline tr[data-type="run_finished"]')).to_have_count(1)
     expect(operator.locator('#outputs [data-node="record"]')).to_contain_text('"total": 6')
     shot(operator, tmp_path, "run-finished")
-    assert console.up.status(run_id)["outputs"]["review"] == {"count": 3, "approved": True}
+    assert console.run(run_id)["outputs"]["review"] == {"count": 3, "approved": True}
 
 
 def test_browser_a_wrongly_typed_answer_shows_the_fields_error_as_the_cli_refuses_it(
     operator: Page, console: Console, tmp_path: Path
 ) -> None:
-    run_id = paused_run(console, tmp_path)
-    operator.goto(f"/ui/runs/{run_id}")
+    run_id = paused_run(console, operator)
     operator.fill("#answer-count", "many")
     operator.select_option("#answer-approved", "yes")
     operator.click("#answer-form button[type=submit]")
@@ -110,14 +109,13 @@ def test_browser_a_wrongly_typed_answer_shows_the_fields_error_as_the_cli_refuse
     assert "answer 'count': expected an int, got str 'many'" in cli.stderr, cli.stderr
     assert "correct the named answer" in shown and "correct the named answer" in cli.stderr
     shot(operator, tmp_path, "run-answer-error")
-    assert console.up.status(run_id)["status"] == "paused_waiting_human"
+    assert console.run(run_id)["status"] == "paused_waiting_human"
 
 
 def test_browser_a_write_is_refused_without_the_token(
     visitor: Page, console: Console, tmp_path: Path
 ) -> None:
-    run_id = paused_run(console, tmp_path)
-    visitor.goto(f"/ui/runs/{run_id}")
+    run_id = paused_run(console, visitor)
     expect(visitor.locator("#read-only")).to_contain_text("log in with the operator token")
     cancel = visitor.locator("#cancel-form button")
     expect(cancel).to_be_disabled()
@@ -126,13 +124,13 @@ def test_browser_a_write_is_refused_without_the_token(
     cancel.click()
     expect(visitor.locator("#problem")).to_contain_text("forbidden")
     shot(visitor, tmp_path, "refused")
-    assert console.up.status(run_id)["status"] == "paused_waiting_human"
+    assert console.run(run_id)["status"] == "paused_waiting_human"
 
 
 def test_browser_an_html_laden_output_is_rendered_as_text(
     operator: Page, console: Console, tmp_path: Path
 ) -> None:
-    run_id = console.launch(write_workflow(tmp_path, "htmlout", HTML_OUT))
+    run_id = console.launch(HTML_OUT)
     operator.goto(f"/ui/runs/{run_id}")
     output = operator.locator('#outputs [data-node="shout"] pre')
     expect(output).to_contain_text('<script>window.__owned = 1</script><b id="injected">bold</b>')
