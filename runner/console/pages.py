@@ -258,24 +258,3 @@ async def logout(request: web.Request) -> web.StreamResponse:
 
 async def home(request: web.Request) -> web.StreamResponse:
     return redirect(f"{PREFIX}/runs")
-
-
-def create_ui(tokens: TokenBook, *, open_reads: bool) -> web.Application:
-    """The console's pages, to mount at `PREFIX` on the API's app (its `ENV` is read through
-    `config_dict`)."""
-    from runner.console import ui_dlq, ui_fleet, ui_runs
-
-    ui = web.Application(middlewares=[ui_middleware])
-    ui[SESSIONS] = SessionBook()
-    ui[UI_TOKENS] = tokens
-    ui[OPEN_READS] = open_reads
-    ui.router.add_get("", home)
-    ui.router.add_get("/", home)
-    ui.router.add_get("/login", login_form)
-    ui.router.add_post("/login", login)
-    ui.router.add_post("/logout", logout)
-    ui.router.add_static("/static", HERE / "static")
-    ui_runs.add_routes(ui.router)
-    ui_dlq.add_routes(ui.router)
-    ui_fleet.add_routes(ui.router)
-    return ui

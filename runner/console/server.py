@@ -22,8 +22,8 @@ from runner.console.auth import TokenBook, bearer, load_tokens
 from runner.console.errors import ApiError, error_json, response_for
 from runner.console.models import Health
 from runner.console.openapi import document
-from runner.console.pages import create_ui
 from runner.console.routing import ENV, PRINCIPAL, endpoint
+from runner.console.ui import create_ui
 from runner.console.ui_fleet import RUNNERS, RunnerSource
 from runner.operations import Env, open_env
 from store import RunfleetError

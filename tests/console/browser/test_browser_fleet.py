@@ -7,7 +7,7 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-from tests.cli.conftest import HOLD
+from tests.cli.conftest import HOLD, eventually
 from tests.console.browser.conftest import Console, shot
 
 
@@ -28,3 +28,13 @@ def test_browser_fleet_page_shows_runners_slots_leases_and_the_consumer(
     release.touch()
     expect(lease).to_have_count(0)  # live: the run finished and gave its lease back
     expect(operator.locator("#consumer-ack-pending")).to_contain_text("0 delivered")
+
+
+def test_up_shows_the_console_url_in_its_live_view(console: Console) -> None:
+    line = f"  console on {console.url}/ui/"
+    # once when it listens, then in every redraw of the view (every 10 s without a terminal)
+    eventually(
+        lambda: console.up.output().count(line) >= 2, within=40, what="the URL in the live view"
+    )
+    view = console.up.output().rsplit("runs: ", 1)[1]
+    assert line in view.splitlines()
