@@ -3,6 +3,8 @@
 nats-py applies `max_reconnect_attempts` to the *initial* connect too: with -1 (reconnect
 forever, what a long-lived runner wants) an unreachable server would hang every command. So the
 first connect gets a few attempts, and only once connected is reconnecting made unbounded.
+The client pings every few seconds, so a server that hangs without closing its sockets is given
+up within `STALE_AFTER_S` (nats-py's default notices it only after minutes).
 
 `RUNFLEET_NATS_URL` may list a cluster's servers, comma-separated: all of them go to the client,
 which connects to one and, when it is lost, reconnects to any other (servers the cluster
@@ -23,6 +25,15 @@ from store.url import redact
 
 log = logging.getLogger(__name__)
 INITIAL_CONNECT_ATTEMPTS = 3
+PING_INTERVAL_S = 5
+MAX_OUTSTANDING_PINGS = 3
+STALE_AFTER_S = float(PING_INTERVAL_S * (MAX_OUTSTANDING_PINGS + 1))
+"""How long a client stays on a server that hangs (alive, sockets open, answering nothing)
+before it gives it up and reconnects to another: at most this many seconds after its last
+answered ping. nats-py's default (a ping every 120 s, stale after 2 unanswered) left a runner on
+a hung cluster node unable to fetch, ack or publish for four minutes or more while the others
+had long elected new leaders (issue 21, `tests/test_nats_hung_server.py`). A ping every 5 s is
+a few bytes per connection; a server too busy to answer for 20 s costs a reconnect, not a run."""
 
 
 async def connect(
@@ -35,6 +46,8 @@ async def connect(
         "max_reconnect_attempts": INITIAL_CONNECT_ATTEMPTS,
         "reconnect_time_wait": 0.5,
         "allow_reconnect": True,
+        "ping_interval": PING_INTERVAL_S,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
         "error_cb": _log_error,
     }
     if settings.nats_creds is not None:

@@ -18,10 +18,10 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError
 from tenacity import (
     AsyncRetrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
     wait_exponential,
@@ -72,6 +72,19 @@ _RETRYABLE = (
     NoStreamResponseError,
     OSError,
 )
+MSG_ID_IN_PROCESS = 10158
+"""JetStream's `409 "duplicate message id is in process"` (clustered streams, nats-server 2.15):
+a copy under this `Nats-Msg-Id` is proposed to the stream's raft group and not yet committed.
+Asked again a moment later, the answer is the duplicate with its sequence."""
+
+
+def _in_process(exc: BaseException) -> bool:
+    return isinstance(exc, APIError) and exc.err_code == MSG_ID_IN_PROCESS
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, _RETRYABLE) or _in_process(exc)
+
 
 CANCELLABLE_DIRECTLY = frozenset(
     {
@@ -117,7 +130,10 @@ class Publisher:
         lost ack dedupes on `Nats-Msg-Id`; a *first* try answered `duplicate` means the id was
         used before, which for a new attempt is an error (`DuplicatePublication`). The
         sweeper's republish of a missing publication passes `expect_new=False`: there a
-        duplicate means the original landed, and its sequence is in the ack."""
+        duplicate means the original landed, and its sequence is in the ack. On a cluster a try
+        can find the id *in process* (`MSG_ID_IN_PROCESS`): a copy not yet committed, its
+        own earlier try's or another publisher's; it is asked again, and such a try does not
+        count as one that could have stored our copy when a duplicate is judged."""
         message = RunMessage(
             run_id=run.run_id,
             tenant=run.tenant,
@@ -128,23 +144,28 @@ class Publisher:
         )
         body, headers = encode(message, traceparent=traceparent, sweep=sweep)
         tries = 0
+        in_process = 0
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self.settings.publish_attempts)
                 | stop_after_delay(self.settings.publish_retry_budget.total_seconds()),
                 wait=wait_exponential(multiplier=0.1, max=2.0),
-                retry=retry_if_exception_type(_RETRYABLE),
+                retry=retry_if_exception(_retryable),
                 reraise=True,
             ):
                 with attempt:
                     tries += 1
-                    ack = await self.js.publish(
-                        self.names.runs_subject,
-                        body,
-                        timeout=self.settings.publish_timeout.total_seconds(),
-                        stream=self.names.runs_stream,
-                        headers=headers,
-                    )
+                    try:
+                        ack = await self.js.publish(
+                            self.names.runs_subject,
+                            body,
+                            timeout=self.settings.publish_timeout.total_seconds(),
+                            stream=self.names.runs_stream,
+                            headers=headers,
+                        )
+                    except APIError as exc:
+                        in_process += _in_process(exc)
+                        raise
         except (*_RETRYABLE, nats.errors.Error) as exc:
             # Every nats-py error of a publish (an APIError too) is a failed publish: the caller
             # puts the run back. The remedy says what to fix (a missing stream, a timeout...).
@@ -154,7 +175,7 @@ class Publisher:
                 f" tries: {cause.message}",
                 remedy=cause.remedy,
             ) from exc
-        if ack.duplicate and tries == 1 and expect_new:
+        if ack.duplicate and tries - in_process == 1 and expect_new:
             raise DuplicatePublication(
                 f"run {run.run_id}: {msg_id(run.run_id, run.attempt)} was already published"
             )
