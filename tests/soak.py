@@ -98,6 +98,7 @@ from engine.loader import load_workflow
 from engine.local import new_run_id
 from engine.resume import ResumeRequest
 from publisher import DlqStore, Publisher, WireNames, WireSettings, ensure_streams
+from publisher.connection import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S
 from publisher.dlq import DlqRecord
 from publisher.wire import RunMessage, encode
 from runner.localcluster import NatsCluster
@@ -597,6 +598,9 @@ class Soak:
             servers=self.server.url.split(","),
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.25,
+            # The product's pings (`publisher.connection`): a paused server is given up alike.
+            ping_interval=PING_INTERVAL_S,
+            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
             error_cb=_quiet,  # the outage is on purpose: no traceback per reconnect try
         )
         self.js = self.nc.jetstream()
