@@ -22,18 +22,25 @@ import jinja2
 from aiohttp import web
 
 from publisher.nats_errors import NATS_ERRORS, translate_nats_error
-from runner.console.auth import Principal, TokenBook
+from runner.console.auth import Principal
 from runner.console.errors import ApiError, status_for
 from runner.console.routing import ENV, Call, scoped
-from runner.console.ui_auth import COOKIE, SessionBook, Viewer, csrf_ok, set_cookie
+from runner.console.ui_auth import (
+    COOKIE,
+    Session,
+    SessionSigner,
+    Viewer,
+    csrf_ok,
+    set_cookie,
+    token_digest,
+)
 from store import RunfleetError, utcnow
 
 log = logging.getLogger(__name__)
 
 PREFIX = "/ui"
 HERE = Path(__file__).parent
-SESSIONS = web.AppKey("runfleet.ui.sessions", SessionBook)
-UI_TOKENS = web.AppKey("runfleet.ui.tokens", TokenBook)
+SIGNER = web.AppKey("runfleet.ui.signer", SessionSigner)
 OPEN_READS = web.AppKey("runfleet.ui.open_reads", bool)
 VIEWER = web.RequestKey("runfleet.ui.viewer", Viewer)
 FORM = web.RequestKey("runfleet.ui.form", dict[str, list[str]])
@@ -92,7 +99,7 @@ def fragment(name: str, **context: Any) -> str:
 
 def page(request: web.Request, name: str, status: int = 200, **context: Any) -> web.Response:
     viewer = request[VIEWER]
-    flash, viewer.session.flash = viewer.session.flash, None
+    flash = viewer.session.take_flash()
     html = fragment(name, viewer=viewer, path=request.path_qs, flash=flash, **context)
     return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
 
@@ -182,18 +189,17 @@ def _error_page(request: web.Request, status: int, error: dict[str, object]) -> 
 
 @web.middleware
 async def ui_middleware(request: web.Request, handler: Next) -> web.StreamResponse:
-    book = request.app[SESSIONS]
-    session = book.get(request.cookies.get(COOKIE))
-    fresh = session is None
-    if session is None:
-        session = book.new()
-    tokens = request.app[UI_TOKENS]
-    logged_in = session.principal is not None
-    principal = session.principal or _anonymous(request)
-    request[VIEWER] = Viewer(session, principal, logged_in, bool(len(tokens)))
+    signer = request.app[SIGNER]
+    session = signer.load(request.cookies.get(COOKIE)) or Session()
+    who = signer.principal(session)
+    if who is None:
+        session.digest = None  # a token since removed from the book: logged out
+    logged_in = who is not None
+    principal = who or _anonymous(request)
+    request[VIEWER] = Viewer(session, principal, logged_in, bool(len(signer.tokens)))
     response = await _guarded(request, handler, logged_in)
-    if fresh:
-        set_cookie(response, session, request.secure)
+    if session.changed and not response.prepared:
+        set_cookie(response, signer.dump(session), request.secure)
     response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers.setdefault("X-Frame-Options", "DENY")
     response.headers.setdefault("Referrer-Policy", "no-referrer")
@@ -238,19 +244,20 @@ async def login_form(request: web.Request) -> web.Response:
 
 
 async def login(request: web.Request) -> web.StreamResponse:
-    principal = request.app[UI_TOKENS].lookup(form_value(request, "token").strip())
-    if principal is None:
+    signer = request.app[SIGNER]
+    token = form_value(request, "token").strip()
+    if signer.tokens.lookup(token) is None:
         return page(request, "login.html", status=401, problem="unknown token")
-    book = request.app[SESSIONS]
-    book.drop(request[VIEWER].session.sid)
-    session = book.new(principal)  # a new id: one planted before the login is worth nothing
+    # A new session, new CSRF nonce: nothing of one planted before the login carries over.
+    fresh = Session(digest=token_digest(token))
+    request[VIEWER].session.changed = False
     response = redirect(f"{PREFIX}/runs")
-    set_cookie(response, session, request.secure)
+    set_cookie(response, signer.dump(fresh), request.secure)
     return response
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
-    request.app[SESSIONS].drop(request[VIEWER].session.sid)
+    request[VIEWER].session.changed = False
     response = redirect(f"{PREFIX}/runs")
     response.del_cookie(COOKIE, path="/")
     return response

@@ -3,7 +3,7 @@
 `ui_runs`, the DLQ of `ui_dlq`, the fleet of `ui_fleet`, and the vendored assets of `static/`.
 
     pages     sessions, CSRF, read-only rule, error page, live fragments (SSE), login/logout
-    ui_auth   the session book, the viewer, the cookie
+    ui_auth   the signed session cookie, the viewer
     ui_runs   runs list, a run, its timeline, answer/resume/cancel/rewind
     ui_dlq    records, a record, replay, purge with confirmation
     ui_fleet  runners, leases, the work consumer
@@ -19,23 +19,21 @@ from runner.console.auth import TokenBook
 from runner.console.pages import (
     HERE,
     OPEN_READS,
-    SESSIONS,
-    UI_TOKENS,
+    SIGNER,
     home,
     login,
     login_form,
     logout,
     ui_middleware,
 )
-from runner.console.ui_auth import SessionBook
+from runner.console.ui_auth import SessionSigner
 
 
 def create_ui(tokens: TokenBook, *, open_reads: bool) -> web.Application:
     """The console's pages, to mount at `pages.PREFIX` on the API's app (they read its `ENV`
     through `config_dict`). `open_reads`: reading needs no login (loopback only)."""
     ui = web.Application(middlewares=[ui_middleware])
-    ui[SESSIONS] = SessionBook()
-    ui[UI_TOKENS] = tokens
+    ui[SIGNER] = SessionSigner(tokens)
     ui[OPEN_READS] = open_reads
     ui.router.add_get("", home)
     ui.router.add_get("/", home)

@@ -1,44 +1,64 @@
-"""Who is at the browser (SPEC v2.2 §10b): a session cookie, the operator token given once in a
-login form, and a CSRF token on every form.
+"""Who is at the browser (SPEC v2.2 §10b): a signed session cookie, the operator token given
+once in a login form, and a CSRF token on every form.
 
-A browser cannot send `Authorization: Bearer` on a plain link or form, so the console keeps a
-server-side session per browser: an opaque id in an HttpOnly, SameSite=Strict cookie (never the
-token itself, so neither script nor a stolen cookie jar holds the operator token). Logging in
-looks the token up in the same `TokenBook` as the API and binds the session to its tenant and
-role; a fresh session id is issued at login, so an id planted before it is worth nothing.
+A browser cannot send `Authorization: Bearer` on a plain link or form, so after a login the
+browser holds a session cookie (HttpOnly, SameSite=Strict) that names the token by its SHA-256
+— the key the `TokenBook` already keeps — never the token itself. The cookie is signed with a
+key derived from every token's digest: any replica serving the same tokens (the cluster runs
+several behind one Service) accepts a session another made, nobody without a token can forge
+one, and a token removed from the book ends its sessions at once (the cookie's digest no longer
+looks anything up; changing the book also changes the key). Without any token there is nothing
+to log in to, and the key is random.
 
-Every form carries the session's CSRF token; every POST must return it (checked in constant
-time) before any handler runs. Without a login the console reads as the fleet's own tenant with
-the `read` role — only when it listens on loopback (`open_reads`); bound to another interface it
-asks for a token before showing anything.
+Every form carries the session's CSRF token (a nonce inside the signed cookie); every POST must
+return it (checked in constant time) before any handler runs. Without a login the console reads
+as the fleet's own tenant with the `read` role — only when it listens on loopback
+(`open_reads`); bound to another interface it asks for a token before showing anything.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
+import json
 import secrets
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from runner.console.auth import Principal
+from runner.console.auth import Principal, TokenBook
 
 COOKIE = "runfleet_session"
 SESSION_TTL_S = 12 * 3600.0
-MAX_SESSIONS = 10_000
-"""Anonymous sessions are made on first sight; the oldest go first past this many."""
+FLASH_MAX = 500
+
+
+def token_digest(token: str) -> str:
+    """A token's key in the `TokenBook` (its SHA-256, as `auth` computes it)."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass
 class Session:
-    sid: str
-    csrf: str
-    principal: Principal | None = None
+    csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    digest: str | None = None
+    """The logged-in token's digest; None before a login."""
+    expires: float = field(default_factory=lambda: time.time() + SESSION_TTL_S)
     flash: str | None = None
     """What the last action did, shown once on the next page."""
-    expires: float = field(default_factory=lambda: time.monotonic() + SESSION_TTL_S)
+    changed: bool = True
+    """The browser's cookie must be (re)written."""
+
+    def say(self, message: str) -> None:
+        self.flash, self.changed = message[:FLASH_MAX], True
+
+    def take_flash(self) -> str | None:
+        flash = self.flash
+        if flash is not None:
+            self.flash, self.changed = None, True
+        return flash
 
 
 @dataclass(frozen=True)
@@ -72,37 +92,62 @@ class Viewer:
         return "read-only: log in with the operator token to resume, cancel, replay or purge"
 
 
-class SessionBook:
-    """The server's sessions, in memory: a restart logs everyone out, which is fine for a
-    console an operator opens by hand."""
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
-    def __init__(self) -> None:
-        self._by_sid: OrderedDict[str, Session] = OrderedDict()
 
-    def get(self, sid: str | None) -> Session | None:
-        if not sid:
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class SessionSigner:
+    """Writes and reads the session cookie: `payload.signature`, HMAC-SHA256."""
+
+    def __init__(self, tokens: TokenBook) -> None:
+        self.tokens = tokens
+        if len(tokens):
+            material = "\n".join(sorted(tokens.by_digest)).encode()
+            self.key = hashlib.sha256(b"runfleet console session\n" + material).digest()
+        else:
+            self.key = secrets.token_bytes(32)
+
+    def _sign(self, payload: str) -> str:
+        return hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
+
+    def dump(self, session: Session) -> str:
+        body = {"c": session.csrf, "d": session.digest, "e": session.expires, "f": session.flash}
+        payload = _b64(json.dumps(body, separators=(",", ":")).encode())
+        return f"{payload}.{self._sign(payload)}"
+
+    def load(self, raw: str | None) -> Session | None:
+        """The session a cookie holds; None when there is none, or it is forged, expired or
+        malformed (then the browser starts a new anonymous one)."""
+        if not raw or "." not in raw:
             return None
-        session = self._by_sid.get(sid)
-        if session is None or session.expires < time.monotonic():
-            self._by_sid.pop(sid, None)
+        payload, _, signature = raw.rpartition(".")
+        if not hmac.compare_digest(self._sign(payload), signature):
             return None
-        return session
+        try:
+            body = json.loads(_unb64(payload))
+            session = Session(
+                csrf=str(body["c"]),
+                digest=None if body["d"] is None else str(body["d"]),
+                expires=float(body["e"]),
+                flash=None if body["f"] is None else str(body["f"]),
+                changed=False,
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+        return session if session.expires > time.time() else None
 
-    def new(self, principal: Principal | None = None) -> Session:
-        while len(self._by_sid) >= MAX_SESSIONS:
-            self._by_sid.popitem(last=False)
-        session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), principal)
-        self._by_sid[session.sid] = session
-        return session
-
-    def drop(self, sid: str) -> None:
-        self._by_sid.pop(sid, None)
+    def principal(self, session: Session) -> Principal | None:
+        return self.tokens.by_digest.get(session.digest) if session.digest else None
 
 
-def set_cookie(response: web.StreamResponse, session: Session, secure: bool) -> None:
+def set_cookie(response: web.StreamResponse, value: str, secure: bool) -> None:
     response.set_cookie(
         COOKIE,
-        session.sid,
+        value,
         httponly=True,
         samesite="Strict",
         path="/",

@@ -116,7 +116,7 @@ async def replay(request: web.Request) -> web.StreamResponse:
             parts.append(f"record {outcome.record_id} kept: {outcome.error.code}")
     if report.stopped_by is not None:
         parts.append(f"stopped: {report.stopped_by.message}")
-    viewer(request).session.flash = "replay: " + ("; ".join(parts) or "no record matched")
+    viewer(request).session.say("replay: " + ("; ".join(parts) or "no record matched"))
     return redirect("/ui/dlq")
 
 
@@ -132,7 +132,7 @@ async def purge(request: web.Request) -> web.StreamResponse:
         return page(request, "dlq_confirm.html", records=records, selection=selection)
     purged = await ops.purge_records(call.env, ids)
     listed = ", ".join(str(i) for i in purged) or "none"
-    viewer(request).session.flash = f"purged {len(purged)} record(s): {listed}"
+    viewer(request).session.say(f"purged {len(purged)} record(s): {listed}")
     return redirect("/ui/dlq")
 
 

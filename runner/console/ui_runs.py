@@ -251,7 +251,7 @@ def _run_url(run_id: str) -> str:
 
 
 def _flash(request: web.Request, message: str) -> None:
-    viewer(request).session.flash = message
+    viewer(request).session.say(message)
 
 
 async def answer(request: web.Request) -> web.StreamResponse:

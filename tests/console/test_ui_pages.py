@@ -10,7 +10,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from runner.console import TokenBook, create_app
+from publisher import DlqStore
+from runner.console import Principal, TokenBook, create_app
 from store import Checkpoint, RunStatus
 from tests.console.conftest import OP_A, OP_B, READ_A, TOKENS, Api
 from tests.publisher.conftest import put_run
@@ -144,3 +145,73 @@ async def test_console_the_api_still_needs_its_bearer_token(api: Api) -> None:
     assert resp.status == 303 and resp.headers["Location"] == "/ui/runs"
     resp = await api.client.get("/ui/static/htmx.min.js")
     assert resp.status == 200 and "htmx" in (await resp.text())[:2000]
+
+
+async def test_console_a_session_from_one_replica_is_honoured_by_another_with_the_same_tokens(
+    api: Api,
+) -> None:
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    await log_in(api.client, OP_A)
+    cookie = api.client.session.cookie_jar.filter_cookies(api.client.make_url("/"))
+    session = cookie["runfleet_session"].value
+    async with TestClient(TestServer(create_app(api.env, TOKENS))) as other:
+        other.session.cookie_jar.update_cookies({"runfleet_session": session})
+        csrf = await csrf_of(other, f"/ui/runs/{run.run_id}")
+        resp = await other.post(
+            f"/ui/runs/{run.run_id}/cancel", data={"csrf": csrf}, allow_redirects=False
+        )
+        assert resp.status == 303
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.CANCELLED
+
+
+async def test_console_a_forged_cookie_or_a_removed_token_is_not_a_login(api: Api) -> None:
+    await log_in(api.client, OP_A)
+    cookie = api.client.session.cookie_jar.filter_cookies(api.client.make_url("/"))
+    session = cookie["runfleet_session"].value
+    payload, _, signature = session.rpartition(".")
+    forged = f"{payload}.{'0' * len(signature)}"
+    fewer = TokenBook.of({READ_A: Principal("default", "read")})
+    for value, tokens in ((forged, TOKENS), (session, fewer)):
+        async with TestClient(TestServer(create_app(api.env, tokens))) as other:
+            other.session.cookie_jar.update_cookies({"runfleet_session": value})
+            status, html = await get_html(other, "/ui/runs")
+            assert status == 200 and "not logged in" in html and "operate" not in html
+
+
+async def test_console_logout_ends_the_login(api: Api) -> None:
+    await log_in(api.client, OP_A)
+    csrf = await csrf_of(api.client)
+    resp = await api.client.post("/ui/logout", data={"csrf": csrf})
+    assert resp.status == 200 and "not logged in" in await resp.text()
+
+
+async def test_console_dlq_pages_show_and_replay_only_the_viewers_tenants_records(
+    api: Api,
+) -> None:
+    mine = await put_run(
+        api.env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED"
+    )
+    theirs = await put_run(api.env.store, status=RunStatus.FAILED_RESUMABLE, tenant="b")
+    dlq = DlqStore(api.fleet.js, api.fleet.names, api.fleet.blobs)
+    body = b'{"v": 1}'
+    for seq, run in ((41, mine), (42, theirs)):
+        await dlq.put(seq=seq, body=body, headers={}, reason="stuck", run_id=run.run_id)
+    await log_in(api.client, OP_A)
+    status, html = await get_html(api.client, "/ui/dlq?reason=stuck")
+    assert status == 200 and 'data-record="41"' in html and 'data-record="42"' not in html
+    status, _ = await get_html(api.client, "/ui/dlq/42")
+    assert status == 404
+
+    csrf = await csrf_of(api.client, "/ui/dlq?reason=stuck")
+    resp = await api.client.post(
+        "/ui/dlq/purge", data={"csrf": csrf, "all": "yes", "reason": "stuck"}
+    )
+    text = await resp.text()
+    assert resp.status == 200 and 'data-record="41"' in text and 'data-record="42"' not in text
+    assert {r.id for r in await dlq.list()} == {41, 42}  # the confirmation purged nothing
+
+    resp = await api.client.post("/ui/dlq/purge", data={"csrf": csrf, "confirm": "yes", "id": "42"})
+    assert resp.status == 404 and "record_not_found" in await resp.text()
+    resp = await api.client.post("/ui/dlq/purge", data={"csrf": csrf, "confirm": "yes", "id": "41"})
+    assert "purged 1 record(s): 41" in await resp.text()
+    assert {r.id for r in await dlq.list()} == {42}

@@ -97,8 +97,11 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         stop_cleanly(up)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Per module, not per session: while Playwright's sync API is open it holds an event loop
+    running in this thread, and an async test (pytest-asyncio) after it could not start its
+    own."""
     with sync_playwright() as pw:
         args = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium refuses root otherwise
         chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
