@@ -40,6 +40,11 @@ held, and three differences were observed that the double does not model:
   leaves the stream leaderless for raft's election timeout (3.5-7 s in the soaks): publishes get
   no responders, acks and pulls go unanswered (`tests/soak_cluster.py`, docs/reliability.md).
 
+One more, seen by `tests/publisher/test_publish_cluster.py` rather than the contract tests: a
+publish whose `Nats-Msg-Id` is *in process* (its copy proposed to the stream's raft group, not
+yet committed) is refused `409 err_code 10158`, not answered `duplicate`; asked again a moment
+later it is the duplicate. The double stores at once, so it never answers that.
+
 The dedupe window, nak delays, working acks from an older delivery, the max-deliveries advisory
 and an ack after it all survived the step-downs unchanged, which is why the model may run on a
 double without leaders; a model of leader changes would add the first difference as a fault.
