@@ -11,6 +11,7 @@ the error page, security headers, login and logout. The pages themselves are in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,7 @@ PREFIX = "/ui"
 HERE = Path(__file__).parent
 SIGNER = web.AppKey("runfleet.ui.signer", SessionSigner)
 OPEN_READS = web.AppKey("runfleet.ui.open_reads", bool)
+STOPPING = web.AppKey("runfleet.ui.stopping", asyncio.Event)
 VIEWER = web.RequestKey("runfleet.ui.viewer", Viewer)
 FORM = web.RequestKey("runfleet.ui.form", dict[str, list[str]])
 LIVE_POLL_S = 0.5
@@ -152,19 +154,23 @@ async def live(
 ) -> web.StreamResponse:
     """A stream of HTML fragments by name: `render` is called every `LIVE_POLL_S`, and each
     fragment that changed since it was last sent goes out as an event of its name (htmx's SSE
-    extension swaps it into the element with `sse-swap="<name>"`)."""
+    extension swaps it into the element with `sse-swap="<name>"`). A failure to render (the
+    store or NATS away) is the `problem` fragment until rendering works again. The stream ends
+    when the browser leaves or the server stops (`on_shutdown` sets `STOPPING`, so an open
+    page never holds a shutdown for its whole grace)."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
+    stopping = request.app[STOPPING]
     sent: dict[str, str] = {}
     quiet = 0
     try:
-        while True:
+        while not stopping.is_set():
             try:
-                fragments = await render()
+                fragments = {**await render(), "problem": ""}
             except RunfleetError as exc:
-                fragments = {"problem": f"<p class='problem'>{exc.code}: {exc.message}</p>"}
+                fragments = {"problem": fragment("_problem.html", error=exc.to_dict())}
             changed = {k: v for k, v in fragments.items() if sent.get(k) != v}
             for name, html in changed.items():
                 await response.write(sse_event(name, html))
@@ -173,10 +179,15 @@ async def live(
             if quiet >= KEEPALIVE_EVERY:
                 await response.write(b": keep-alive\n\n")
                 quiet = 0
-            await asyncio.sleep(LIVE_POLL_S)
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass  # the browser left, or the server stops
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), LIVE_POLL_S)
+    except ConnectionResetError:
+        pass  # the browser left
     return response
+
+
+async def stop_live(app: web.Application) -> None:
+    app[STOPPING].set()
 
 
 def _anonymous(request: web.Request) -> Principal:

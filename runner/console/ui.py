@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from runner.console import ui_dlq, ui_fleet, ui_runs
@@ -20,10 +22,12 @@ from runner.console.pages import (
     HERE,
     OPEN_READS,
     SIGNER,
+    STOPPING,
     home,
     login,
     login_form,
     logout,
+    stop_live,
     ui_middleware,
 )
 from runner.console.ui_auth import SessionSigner
@@ -34,6 +38,8 @@ def create_ui(tokens: TokenBook, *, open_reads: bool) -> web.Application:
     through `config_dict`). `open_reads`: reading needs no login (loopback only)."""
     ui = web.Application(middlewares=[ui_middleware])
     ui[SIGNER] = SessionSigner(tokens)
+    ui[STOPPING] = asyncio.Event()
+    ui.on_shutdown.append(stop_live)
     ui[OPEN_READS] = open_reads
     ui.router.add_get("", home)
     ui.router.add_get("/", home)

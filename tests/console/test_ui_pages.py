@@ -5,6 +5,7 @@ same pages in Chromium."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -215,3 +216,30 @@ async def test_console_dlq_pages_show_and_replay_only_the_viewers_tenants_record
     resp = await api.client.post("/ui/dlq/purge", data={"csrf": csrf, "confirm": "yes", "id": "41"})
     assert "purged 1 record(s): 41" in await resp.text()
     assert {r.id for r in await dlq.list()} == {42}
+
+
+async def read_event(resp: Any, name: str, needle: str, within: float = 20.0) -> str:
+    """The first SSE event `name` whose data contains `needle`."""
+    async with asyncio.timeout(within):
+        event, data = "", []
+        async for raw in resp.content:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data.append(line[6:])
+            elif not line:
+                text = "\n".join(data)
+                if event == name and needle in text:
+                    return text
+                event, data = "", []
+    raise AssertionError(f"the stream ended without {name!r} containing {needle!r}")
+
+
+async def test_console_live_runs_stream_sends_a_run_created_after_it_opened(api: Api) -> None:
+    async with api.client.get("/ui/runs/live") as resp:
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        await read_event(resp, "counts", "")
+        run = await put_run(api.env.store, status=RunStatus.FINISHED)
+        rows = await read_event(resp, "runs", run.run_id)
+        assert f'data-run="{run.run_id}"' in rows
