@@ -236,7 +236,8 @@ def make_archive(
         with open(dest, "wb", buffering=0) as raw:
             pipe = _GzipPipe(raw, level, cap_bytes)
             try:
-                _walk(pipe, os.fspath(src_dir), "", stats)
+                if src_dir.is_dir():  # a scratch never made is an empty one, as with `os.walk`
+                    _walk(pipe, os.fspath(src_dir), "", stats)
                 end = tarfile.BLOCKSIZE * 2  # two zero blocks, then up to a whole record
                 total = pipe.size + len(pipe.buf) + end
                 pipe.buf += bytes(end + -total % tarfile.RECORDSIZE)

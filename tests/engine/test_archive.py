@@ -220,3 +220,9 @@ def test_an_archive_of_a_deep_tree_opens_with_tar_xzf_as_one_gzip_member(tmp_pat
     dest.mkdir()
     subprocess.run(["tar", "xzf", str(tmp_path / "out.tgz"), "-C", str(dest)], check=True)
     assert _tree(dest) == _tree(src)
+
+
+def test_a_directory_that_does_not_exist_is_an_empty_archive(tmp_path: Path) -> None:
+    stats = make_archive(tmp_path / "never-made", tmp_path / "out.tgz", level=1)
+    assert stats.empty and stats.members == 0
+    check_archive(tmp_path / "out.tgz")
