@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.soak_scratch import ScratchSoakConfig, run_scratch_soak
+from tests.soak_scratch import run_scratch_soak
+from tests.soak_scratch_plan import ScratchSoakConfig
 
 pytestmark = pytest.mark.timeout(300)
 
