@@ -17,6 +17,7 @@ from aiohttp import web
 
 from engine.errors import AnswersInvalid, AnswersRequired
 from engine.resume import ResumeRequest
+from engine.rewind import REWINDABLE
 from runner import operations as ops
 from runner.console.models import BudgetRequest, RunOut
 from runner.console.pages import (
@@ -143,6 +144,7 @@ async def _context(request: web.Request, doc: RunDocument) -> dict[str, Any]:
         "resumable": doc.status in RESUMABLE,
         "cancellable": doc.status in CANCELLABLE,
         "completed": completed,
+        "rewindable": doc.status in REWINDABLE,
     }
 
 

@@ -243,3 +243,26 @@ async def test_console_live_runs_stream_sends_a_run_created_after_it_opened(api:
         run = await put_run(api.env.store, status=RunStatus.FINISHED)
         rows = await read_event(resp, "runs", run.run_id)
         assert f'data-run="{run.run_id}"' in rows
+
+
+async def test_console_dlq_bulk_replay_by_reason_replays_every_record_with_it(api: Api) -> None:
+    dlq = DlqStore(api.fleet.js, api.fleet.names, api.fleet.blobs)
+    runs = []
+    for seq in (51, 52):
+        run = await put_run(
+            api.env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED"
+        )
+        runs.append(run)
+        await dlq.put(seq=seq, body=b"{}", headers={}, reason="bulk", run_id=run.run_id, attempt=1)
+    await dlq.put(seq=53, body=b"{}", headers={}, reason="other", run_id=runs[0].run_id)
+    await log_in(api.client, OP_A)
+    csrf = await csrf_of(api.client, "/ui/dlq?reason=bulk")
+    resp = await api.client.post(
+        "/ui/dlq/replay", data={"csrf": csrf, "all": "yes", "reason": "bulk"}, allow_redirects=False
+    )
+    assert resp.status == 303, await resp.text()
+    _, flash = await get_html(api.client, resp.headers["Location"])
+    for seq, run in zip((51, 52), runs, strict=True):
+        assert f"record {seq} → run {run.run_id[:13]} queued" in flash
+        assert (await api.env.store.get_run(run.run_id)).status is RunStatus.QUEUED
+    assert {r.id for r in await dlq.list()} == {53}

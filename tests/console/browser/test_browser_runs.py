@@ -12,8 +12,12 @@ from tests.console.browser.conftest import Console, shot
 
 ASK = """\
 name: ask
-entry: review
+entry: prep
 nodes:
+  prep:
+    kind: compute
+    set:
+      ready: "'yes'"
   review:
     kind: human
     message: "How many, and may it ship?"
@@ -28,6 +32,8 @@ nodes:
     set:
       total: outputs.review.count * 2
 edges:
+  - from: prep
+    to: review
   - from: review
     to: record
 """
@@ -137,3 +143,36 @@ def test_browser_an_html_laden_output_is_rendered_as_text(
     expect(operator.locator("#injected")).to_have_count(0)
     assert operator.evaluate("window.__owned === undefined")
     shot(operator, tmp_path, "run-html-output")
+
+
+def test_browser_cancel_resume_and_rewind_from_the_run_page(
+    operator: Page, console: Console, tmp_path: Path
+) -> None:
+    run_id = paused_run(console, operator)
+    status = operator.locator("#run-status")
+
+    operator.click("#cancel-form button")
+    expect(operator.locator("#flash")).to_contain_text("cancel: the run is cancelled")
+    expect(status).to_have_text("cancelled")
+
+    operator.fill("#resume-form input[name=max_iterations]", "50")
+    operator.click("#resume-form button[type=submit]")
+    expect(operator.locator("#flash")).to_contain_text("resumed: attempt 2 queued")
+    expect(status).to_have_text("paused_waiting_human")  # back at its question, live
+    expect(operator.locator("#budget")).to_contain_text("/ 50")
+
+    operator.reload()  # the page drawn while paused has the rewind form
+    operator.select_option("#rewind-form select[name=node]", "prep")
+    operator.click("#rewind-form button[type=submit]")
+    expect(operator.locator("#flash")).to_contain_text("rewound to prep (dropped prep, review)")
+    expect(status).to_have_text("paused_operator")
+    shot(operator, tmp_path, "run-rewound")
+
+    operator.click("#resume-form button[type=submit]")
+    expect(status).to_have_text("paused_waiting_human")
+    operator.fill("#answer-count", "1")
+    operator.select_option("#answer-approved", "no")
+    operator.click("#answer-form button[type=submit]")
+    expect(status).to_have_text("finished")
+    run = console.run(run_id)
+    assert (run["attempt"], run["outputs"]["record"]) == (4, {"total": 2})
