@@ -6,7 +6,10 @@ same pages in Chromium."""
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import re
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -266,3 +269,21 @@ async def test_console_dlq_bulk_replay_by_reason_replays_every_record_with_it(ap
         assert f"record {seq} → run {run.run_id[:13]} queued" in flash
         assert (await api.env.store.get_run(run.run_id)).status is RunStatus.QUEUED
     assert {r.id for r in await dlq.list()} == {53}
+
+
+def test_console_templates_and_assets_ship_in_the_package() -> None:
+    """Every template and vendored asset matches the package-data globs: an installed console
+    has its pages (SPEC v2.2 §10b: the assets ship inside the package)."""
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["runner.console"]
+    here = root / "runner" / "console"
+    files = [
+        p.relative_to(here).as_posix()
+        for d in ("templates", "static")
+        for p in (here / d).iterdir()
+    ]
+    assert "static/htmx.min.js" in files and "templates/base.html" in files
+    unshipped = [f for f in files if not any(fnmatch.fnmatch(f, g) for g in globs)]
+    assert not unshipped
