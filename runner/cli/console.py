@@ -25,7 +25,8 @@ from runner.console import DEFAULT_HOST, DEFAULT_PORT, serve
 )
 @command
 async def console_cmd(port: int, host: str) -> None:
-    """Serve the HTTP API under /api/v1 (OpenAPI at /openapi.json). Tokens come from
+    """Serve the HTTP API under /api/v1 (OpenAPI at /openapi.json) and the operator console
+    under /ui/ (read-only until you log in with an operate token). Tokens come from
     RUNFLEET_API_TOKENS (a file: `TOKEN TENANT read|operate` a line) and
     RUNFLEET_CONSOLE_TOKEN (one operate token for RUNFLEET_TENANT).
 
@@ -33,9 +34,12 @@ async def console_cmd(port: int, host: str) -> None:
     Example:
       RUNFLEET_CONSOLE_TOKEN=s3cret runfleet console --port 8470
     """
-    serving = asyncio.ensure_future(
-        serve(host, port, started=lambda url: click.echo(f"runfleet API on {url}", err=True))
-    )
+
+    def started(url: str) -> None:
+        click.echo(f"runfleet API on {url}", err=True)
+        click.echo(f"runfleet console on {url}/ui/", err=True)
+
+    serving = asyncio.ensure_future(serve(host, port, started=started))
     stopping: list[bool] = []
 
     def stop() -> None:

@@ -45,10 +45,14 @@ async def test_runfleet_console_serves_the_api_on_localhost_with_the_console_tok
         assert proc.stderr is not None
         url = await read_url(proc.stderr)
         assert url.startswith("http://127.0.0.1:")
+        console = await asyncio.wait_for(proc.stderr.readline(), 30)
+        assert console.decode().strip() == f"runfleet console on {url}/ui/"
         auth = {"Authorization": "Bearer s3cret"}
         async with aiohttp.ClientSession(url) as http:
             async with http.get("/healthz") as resp:
                 assert resp.status == 200
+            async with http.get("/ui/runs") as resp:  # the console's pages: read-only, no token
+                assert resp.status == 200 and "log in with the operator token" in await resp.text()
             async with http.get("/api/v1/runs") as resp:
                 assert resp.status == 401
             async with http.post("/api/v1/runs", json={"workflow": HELLO}, headers=auth) as resp:

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from publisher import DlqStore
 from runner.console import Principal, TokenBook, create_app
-from store import Checkpoint, RunStatus
+from store import Checkpoint, RunStatus, StagedFile
 from tests.console.conftest import OP_A, OP_B, READ_A, TOKENS, Api
 from tests.publisher.conftest import put_run
 
@@ -287,3 +287,29 @@ def test_console_templates_and_assets_ship_in_the_package() -> None:
     assert "static/htmx.min.js" in files and "templates/base.html" in files
     unshipped = [f for f in files if not any(fnmatch.fnmatch(f, g) for g in globs)]
     assert not unshipped
+
+
+async def test_console_run_page_caps_node_outputs_and_shows_attachments(api: Api) -> None:
+    big = "x" * 10_000
+    attachment = StagedFile(
+        name="report", filename="report.csv", bytes=12, sha256="ab" * 32, key="runs/x/report"
+    )
+    run = await put_run(
+        api.env.store,
+        status=RunStatus.FINISHED,
+        checkpoint=Checkpoint(progress=1, outputs={"big": big}),
+        attachments=[attachment],
+    )
+    status, html = await get_html(api.client, f"/ui/runs/{run.run_id}")
+    assert status == 200 and big not in html and "x" * 4000 in html
+    assert "6000 more characters" in html
+    assert "report = report.csv (12 bytes" in html
+
+
+async def test_console_a_filter_that_does_not_read_is_refused_with_the_accepted_form(
+    api: Api,
+) -> None:
+    status, html = await get_html(api.client, "/ui/runs?since=yesterday")
+    assert status == 400 and "since: &#39;yesterday&#39; is not accepted" in html
+    status, html = await get_html(api.client, "/ui/dlq?older_than=soon")
+    assert status == 400 and "older_than" in html
