@@ -15,7 +15,8 @@ _BY_CODE: dict[str, str] = {
     "SANDBOX_SETUP_TIMEOUT": "Check the sandbox backend's health; it retries by itself.",
     "SANDBOX_CAPACITY": "Add capacity or runners with room; it retries by itself.",
     "SANDBOX_LOST": "Check the runner's host (OOM, disk); it retries by itself.",
-    "ATTACHMENTS_UNFETCHABLE": "Check the blob store (RUNFLEET_BLOB_URL) is reachable.",
+    "ATTACHMENTS_UNFETCHABLE": "Check the blob store (RUNFLEET_BLOB_URL) is reachable; if the run"
+    " waits at its question, the uploaded file is gone: answer again with a new upload.",
     "SCRATCH_RESTORE_FAILED": "Check the blob store; if the bank is gone, resume accepting"
     " the scratch loss.",
     "RUNNER_INTERRUPTED": "Nothing: another runner continues it.",
