@@ -33,6 +33,33 @@ from publisher.errors import (
 )
 from store import RunfleetError
 
+PUBLISH_RETRYABLE = (
+    nats.errors.TimeoutError,
+    TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    # No stream took the publish: JetStream restarting answers nothing for a moment (a stream
+    # that is really gone fails every try, and the error names `runfleet streams ensure`).
+    NoStreamResponseError,
+    OSError,
+)
+"""The errors after which the publisher tries a publish again (with `msg_id_in_process`)."""
+MSG_ID_IN_PROCESS = 10158
+"""JetStream's `409 "duplicate message id is in process"` (clustered streams, nats-server 2.15):
+a copy under this `Nats-Msg-Id` is proposed to the stream's raft group and not yet committed.
+Asked again a moment later, the answer is the duplicate with its sequence."""
+
+
+def msg_id_in_process(exc: BaseException) -> bool:
+    return isinstance(exc, APIError) and exc.err_code == MSG_ID_IN_PROCESS
+
+
+def publish_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, PUBLISH_RETRYABLE) or msg_id_in_process(exc)
+
+
 JS_CONSUMER_NOT_FOUND = 10014
 JS_NO_MESSAGE_FOUND = 10037
 JS_STREAM_NOT_FOUND = 10059

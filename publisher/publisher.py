@@ -18,7 +18,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -37,7 +37,12 @@ from publisher.errors import (
     PublishFailed,
     RunNotCancellable,
 )
-from publisher.nats_errors import translate_nats_error
+from publisher.nats_errors import (
+    PUBLISH_RETRYABLE,
+    msg_id_in_process,
+    publish_retryable,
+    translate_nats_error,
+)
 from publisher.replay import replay_record
 from publisher.wire import MessageKind, ResumeCopy, RunMessage, WireNames, encode, msg_id
 from store import (
@@ -59,32 +64,6 @@ from store import (
 )
 
 log = logging.getLogger(__name__)
-
-_RETRYABLE = (
-    nats.errors.TimeoutError,
-    TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    # No stream took the publish: JetStream restarting answers nothing for a moment (a stream
-    # that is really gone fails every try, and the error names `runfleet streams ensure`).
-    NoStreamResponseError,
-    OSError,
-)
-MSG_ID_IN_PROCESS = 10158
-"""JetStream's `409 "duplicate message id is in process"` (clustered streams, nats-server 2.15):
-a copy under this `Nats-Msg-Id` is proposed to the stream's raft group and not yet committed.
-Asked again a moment later, the answer is the duplicate with its sequence."""
-
-
-def _in_process(exc: BaseException) -> bool:
-    return isinstance(exc, APIError) and exc.err_code == MSG_ID_IN_PROCESS
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, _RETRYABLE) or _in_process(exc)
-
 
 CANCELLABLE_DIRECTLY = frozenset(
     {
@@ -150,7 +129,7 @@ class Publisher:
                 stop=stop_after_attempt(self.settings.publish_attempts)
                 | stop_after_delay(self.settings.publish_retry_budget.total_seconds()),
                 wait=wait_exponential(multiplier=0.1, max=2.0),
-                retry=retry_if_exception(_retryable),
+                retry=retry_if_exception(publish_retryable),
                 reraise=True,
             ):
                 with attempt:
@@ -164,9 +143,9 @@ class Publisher:
                             headers=headers,
                         )
                     except APIError as exc:
-                        in_process += _in_process(exc)
+                        in_process += msg_id_in_process(exc)
                         raise
-        except (*_RETRYABLE, nats.errors.Error) as exc:
+        except (*PUBLISH_RETRYABLE, nats.errors.Error) as exc:
             # Every nats-py error of a publish (an APIError too) is a failed publish: the caller
             # puts the run back. The remedy says what to fix (a missing stream, a timeout...).
             cause = translate_nats_error(exc)

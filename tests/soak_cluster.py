@@ -191,7 +191,6 @@ class ClusterFaults:
             ):
                 await leader_other_than(nc, stream, consumer, exclude=None)
 
-
     def _health(self, nodes: range) -> list[str]:
         return [self.cluster.health(k) for k in nodes]
 

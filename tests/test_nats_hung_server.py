@@ -21,7 +21,7 @@ from nats.js.errors import APIError
 
 from publisher.config import WireSettings
 from publisher.connection import STALE_AFTER_S, connect
-from publisher.publisher import MSG_ID_IN_PROCESS
+from publisher.nats_errors import MSG_ID_IN_PROCESS
 from publisher.wire import HDR_MSG_ID
 from tests.support.nats_cluster import Cluster, nats_cluster
 
