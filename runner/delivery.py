@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+import nats.errors
+from nats.js.errors import ServiceUnavailableError
+
 from engine.cancel import CancelSignal
 from engine.events import EventLog
 from engine.execution import Execution
@@ -38,21 +41,43 @@ from store.staging import StagedUploadInvalid, StagedUploadNotFound
 log = logging.getLogger(__name__)
 
 
+BROKER_UNANSWERED = (
+    nats.errors.NoRespondersError,
+    nats.errors.TimeoutError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    ServiceUnavailableError,
+)
+"""JetStream not answering for a moment: a leader election (a confirmed ack or a DLQ write
+meets "no responders" while a consumer or stream elects, docs/reliability.md C5), a reconnect.
+News for the log, not a bug: disposed the same way, said at warning."""
+
+
 async def handle(svc: RunnerServices, delivery: Delivery) -> None:
     try:
         await _handle(svc, delivery)
+    except BROKER_UNANSWERED as exc:
+        log.warning(
+            "delivery seq=%s: JetStream did not answer (%r); disposed again",
+            delivery.info.stream_seq,
+            exc,
+        )
+        if delivery.disposed is None:
+            await _last_resort(svc, delivery, exc, nak_reason="nats_unanswered")
     except Exception as exc:
         log.exception("delivery seq=%s: unexpected error", delivery.info.stream_seq)
         if delivery.disposed is None:
             await _last_resort(svc, delivery, exc)
 
 
-async def _last_resort(svc: RunnerServices, delivery: Delivery, exc: Exception) -> None:
+async def _last_resort(
+    svc: RunnerServices, delivery: Delivery, exc: Exception, *, nak_reason: str = "internal_error"
+) -> None:
     try:
         if delivery.info.is_last and not delivery.leased:
             await dead_letter(svc, delivery, delivery.message, "internal_error", repr(exc))
         else:
-            await _nak_transient(svc, delivery, "internal_error")
+            await _nak_transient(svc, delivery, nak_reason)
     except Exception:
         log.exception("delivery seq=%s: could not dispose after an error", delivery.info.stream_seq)
 

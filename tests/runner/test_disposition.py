@@ -4,10 +4,12 @@ write and one of ack / nak(delay) / DLQ, on a live runner."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 from nats.js.errors import NotFoundError
 
@@ -339,6 +341,24 @@ async def test_unexpected_error_during_admission_is_nakd_and_the_redelivery_runs
     run = await fleet.publisher.launch(workflow("hello"), {}, tenant="default", run_id=run_id)
     await fleet.wait_status(run.run_id, "finished")
     assert deliveries(runner, "nak", "internal_error") == 1
+
+
+async def test_jetstream_not_answering_is_a_warning_and_a_nak_not_an_unexpected_error(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/reliability.md C5: "no responders" while a consumer elects is news, not a bug: the
+    delivery is nak'd `nats_unanswered` at warning, and the redelivery runs."""
+    run_id = new_run_id()
+    assert isinstance(fleet.store, SqliteRunStore)
+    electing = FailingReads(fleet.store, run_id, times=1, error=nats.errors.NoRespondersError())
+    runner = await start_with(fleet, electing)
+    run = await fleet.publisher.launch(workflow("hello"), {}, tenant="default", run_id=run_id)
+    await fleet.wait_status(run.run_id, "finished")
+    assert deliveries(runner, "nak", "nats_unanswered") == 1
+    assert deliveries(runner, "nak", "internal_error") == 0
+    said = [r for r in caplog.records if r.name == "runner.delivery"]
+    assert [r.levelname for r in said if "did not answer" in r.getMessage()] == ["WARNING"]
+    assert not [r for r in said if r.levelno >= logging.ERROR]
 
 
 async def test_store_unreachable_at_admission_is_nakd_with_the_transient_delay(
