@@ -152,6 +152,11 @@ async def test_runner_with_store_writes_blocked_past_its_ttl_cannot_write_the_ru
     try:
         await a.start()
         assert a.svc is not None
+        # A and B share the embedded default (one SQLite file, one blob directory), which is
+        # host-backed (SPEC v2.2 §7.2b); the gate hides the SQLite store behind a wrapper, so say
+        # so, or A would bank and mark its scratch (adr/0011 amendment 1) and B's adoption would
+        # be refused SCRATCH_NOT_PORTABLE: a scratch rule, not the fencing under test.
+        a.svc.host_backed = True
         fleet.runners.append(a)
         run = await fleet.launch(
             workflow("three_steps"), {"ledger": str(book), "release": str(release)}
