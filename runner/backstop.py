@@ -207,10 +207,12 @@ class Backstop:
                 and run.failure_code == FailureCode.DLQ_PARKED
                 and not await self._has_record(seq)
             ):
-                # A park whose record was never written (the backstop died between its park
-                # and its record, below): restore the record, and the event after it.
+                # A park whose record is missing (a park written before SPEC §5.6's order was
+                # kept, or a record deleted by hand): restore it, and the event after it.
                 await self._record(seq, body, headers, message, "max_deliveries", "", True)
                 await self._park_event(run, seq, only_if_missing=True)
+            elif message.attempt == run.attempt and run.failure_code != FailureCode.DLQ_PARKED:
+                await self._withdraw_unparked(run, seq)
             await self._delete(seq)
             return "settled", None
         if message.attempt > run.attempt:
@@ -242,12 +244,30 @@ class Backstop:
         message: RunMessage,
         run: RunDocument,
     ) -> tuple[str, float | None]:
-        """Park by CAS on the status and attempt read ∧ lease free, and only once that CAS won
-        write the record, the event, and delete the message (issue 12 item 6). A record written
-        first would outlive a lost CAS as a replayable record of a run that was not parked; a
-        crash after the park is repaired by the settled branch of `settle` on redelivery."""
+        """SPEC §5.6, in its order: record, then park by CAS on the status and attempt read ∧
+        lease free, then the event, then delete the message. A CAS that loses (a runner claimed
+        the run, an operator acted) takes the record back: no replayable record outlives a park
+        that did not happen (issue 12 item 6), and the advisory is judged again. A crash between
+        the record and the park leaves the message and the advisory: the redelivered advisory
+        records again (same id) and parks; if the run has moved on by then, the settled branch
+        of `settle` withdraws the record the park never followed (`_withdraw_unparked`)."""
+        detail = f"status {run.status} {run.failure_code or ''}".strip()
+        await self._record(seq, body, headers, message, "max_deliveries", detail, True)
+        try:
+            parked = await self._park_cas(run)
+        except Exception:
+            await self._withdraw(seq)  # the catch-all then records what stopped the park
+            raise
+        if isinstance(parked, CasConflict):
+            await self._withdraw(seq)
+            return "raced", 1.0  # judge again on the advisory's redelivery
+        await self._park_event(run, seq)
+        await self._delete(seq)
+        return "parked", None
+
+    async def _park_cas(self, run: RunDocument) -> RunDocument | CasConflict:
         svc = self.svc
-        parked = await svc.store.update_run(
+        return await svc.store.update_run(
             run.run_id,
             [Eq("status", run.status), Eq("attempt", run.attempt), LeaseFree(utcnow(), svc.skew)],
             Update(
@@ -260,33 +280,52 @@ class Backstop:
                 unset=["lease"],
             ),
         )
-        if isinstance(parked, CasConflict):
-            return "raced", 1.0  # judge again on the advisory's redelivery
-        detail = f"status {run.status} {run.failure_code or ''}".strip()
-        await self._record(seq, body, headers, message, "max_deliveries", detail, True)
-        await self._park_event(run, seq)
-        await self._delete(seq)
-        return "parked", None
+
+    async def _withdraw(self, seq: int) -> None:
+        """Take back the record of a park that did not happen. If it cannot be taken back now,
+        the advisory's redelivery judges again (and `_withdraw_unparked` finds it)."""
+        try:
+            await self.svc.dlq.delete(seq)
+        except Exception as exc:  # noqa: BLE001 - judged again on the advisory's redelivery
+            log.warning("backstop: record %s could not be withdrawn (%r)", seq, exc)
+
+    async def _withdraw_unparked(self, run: RunDocument, seq: int) -> None:
+        """The settled branch, for a run that is not `DLQ_PARKED` at the message's attempt: a
+        `max_deliveries` record of that attempt with no `run_dlq_parked` event after it is one
+        the backstop wrote before a park it never made (it died between the two); withdrawn, so
+        no replay acts on a run that was not parked."""
+        try:
+            rec = await self.svc.dlq.get(seq)
+        except RecordNotFound:
+            return
+        if rec.reason != "max_deliveries" or rec.attempt != run.attempt:
+            return
+        if not await self._parked_event_exists(run):
+            await self._withdraw(seq)
 
     async def _park_event(
         self, run: RunDocument, seq: int, *, only_if_missing: bool = False
     ) -> None:
         store = self.svc.store
-        if only_if_missing:
-            after = 0
-            while True:
-                events = await store.read_events(run.run_id, after_seq=after, limit=1000)
-                if any(e.type == "run_dlq_parked" and e.attempt == run.attempt for e in events):
-                    return
-                if len(events) < 1000:
-                    break
-                after = events[-1].seq
+        if only_if_missing and await self._parked_event_exists(run):
+            return
         await store.append_event(
             run.run_id,
             "run_dlq_parked",
             {"reason": "max_deliveries", "record_id": seq},
             attempt=run.attempt,
         )
+
+    async def _parked_event_exists(self, run: RunDocument) -> bool:
+        """Whether the run has a `run_dlq_parked` event at its current attempt."""
+        after = 0
+        while True:
+            events = await self.svc.store.read_events(run.run_id, after_seq=after, limit=1000)
+            if any(e.type == "run_dlq_parked" and e.attempt == run.attempt for e in events):
+                return True
+            if len(events) < 1000:
+                return False
+            after = events[-1].seq
 
     @staticmethod
     def _settled(run: RunDocument) -> bool:

@@ -329,8 +329,6 @@ class Actor:
         self.hostile = False
         """A backstop settling a hostile advisory: its error log about it is expected."""
         self.crashed = False
-        self.parked_run: tuple[str, int] | None = None
-        """The (run, attempt) a backstop parked: its record must follow before it ends."""
 
     def start(self, coro: Coroutine[Any, Any, Any]) -> None:
         ctx = contextvars.copy_context()
@@ -1193,8 +1191,6 @@ class ProtocolModel(RuleBasedStateMachine):
         if err is not None:
             self.violation(f"{actor.kind}_error", f"{actor.name} at {actor.label}: {err!r}")
             return
-        if actor.parked_run is not None and not self._has_record(*actor.parked_run):
-            self.violation("parked_without_record", f"{actor.name} parked and wrote no record")
         if actor.kind != "delivery":
             return
         delivery = actor.delivery
@@ -1409,12 +1405,10 @@ class ProtocolModel(RuleBasedStateMachine):
                     self.violation("consent_leak", f"{who} swapped the source without force")
             for name in effects:
                 _seen(f"consent effect:{name}")
-        # (4) a park for a dead message follows its DLQ record (SPEC §5.4 (1)); the backstop's
-        # record follows its park, once its CAS won (issue 12 item 6): judged when it ends
+        # (4) a park for a dead message follows its DLQ record (SPEC §5.4 (1), §5.6): the
+        # runner's and the backstop's alike (record, then park)
         if fields.get("failure_code") == FailureCode.DLQ_PARKED:
-            if actor is not None and actor.kind == "backstop":
-                actor.parked_run = (pre.run_id, pre.attempt)
-            elif not self._has_record(pre.run_id, pre.attempt):
+            if not self._has_record(pre.run_id, pre.attempt):
                 self.violation("parked_without_record", f"{who} parked DLQ_PARKED with no record")
             _seen("dlq parked")
         # (7) attempt and budget accounting never decrease

@@ -1,6 +1,7 @@
 """The backstop's edges (issue 12 item 6 and item 2, SPEC §5.1, §5.2 step 2, §5.6, §13.12): it
-records only after its park CAS won, checks the tenant as admission does, and no advisory or
-body — nor any error one message makes `settle` raise — stops `Backstop.loop()`."""
+records, then parks by CAS (§5.6's order) and takes the record back when that CAS loses, checks
+the tenant as admission does, and no advisory or body — nor any error one message makes
+`settle` raise — stops `Backstop.loop()`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from publisher.dlq import DlqRecord, DlqStore
 from runner.backstop import UNRECORDABLE_NAK, Backstop, advisory_seq
-from store import Eq, RunDocument, RunStatus, RunStore, Update
+from store import CasConflict, Eq, RunDocument, RunStatus, RunStore, Update
 from tests.runner.callables import body, bound_drain, idle_runner, lease, publish_raw
 from tests.runner.conftest import Fleet, eventually
 from tests.runner.test_backstop import create, present, put, put_for, record
@@ -37,8 +38,9 @@ async def backstop(fleet: Fleet) -> Backstop:
     return Backstop(runner.svc)
 
 
-class Crash(Exception):
-    """Stands for the process dying at that point."""
+class Crash(BaseException):
+    """Stands for the process dying at that point: no handler of the product's runs (none
+    catches more than `Exception`)."""
 
 
 class RivalStore:
@@ -74,14 +76,14 @@ class FailingStore:
         return getattr(self.inner, name)
 
 
-class CrashingDlq:
-    """The real DLQ store, except `put` dies."""
+class UnwritableDlq:
+    """The real DLQ store, except `put` fails (the DLQ cannot be written)."""
 
     def __init__(self, inner: DlqStore) -> None:
         self.inner = inner
 
     async def put(self, **_: Any) -> DlqRecord:
-        raise Crash
+        raise OSError("injected: the DLQ cannot be written")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -91,17 +93,33 @@ def rebuilt(backstop: Backstop, **parts: Any) -> Backstop:
     return Backstop(dataclasses.replace(backstop.svc, **parts))
 
 
-# -- park, then record ----------------------------------------------------------------------------
+# -- record, then park (SPEC §5.6) ----------------------------------------------------------------
 
 
-async def test_backstop_records_only_after_its_park_cas_won(
+class CrashingStore:
+    """The real store, except `update_run` dies (the process, between the record and the park)."""
+
+    def __init__(self, inner: RunStore) -> None:
+        self.inner = inner
+
+    async def update_run(self, *args: Any, **kwargs: Any) -> Any:
+        raise Crash
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_backstop_records_then_parks_and_takes_the_record_back_when_its_park_cas_loses(
     fleet: Fleet, backstop: Backstop
 ) -> None:
     run = await create(fleet, S.QUEUED)
     seq = await put_for(fleet, run.run_id)
+    at_cas: list[DlqRecord | None] = []
 
     async def fresh_claim() -> object:
-        # A runner claims the run between the backstop's read and its park CAS.
+        # SPEC §5.6's order: the record stands when the park's CAS is sent. A runner claims the
+        # run between the backstop's read and that CAS.
+        at_cas.append(await record(fleet, seq))
         return await fleet.store.update_run(
             run.run_id,
             [Eq("status", S.QUEUED)],
@@ -110,27 +128,27 @@ async def test_backstop_records_only_after_its_park_cas_won(
 
     racing = rebuilt(backstop, store=RivalStore(fleet.store, fresh_claim))
     assert await racing.settle(seq) == ("raced", 1.0)
-    assert await record(fleet, seq) is None  # no replayable record of a run that was not parked
+    assert at_cas[0] is not None and at_cas[0].reason == "max_deliveries"
+    assert await record(fleet, seq) is None  # taken back: the run was not parked
     assert await present(fleet, seq)
     doc = await fleet.store.get_run(run.run_id)
     assert (doc.status, doc.failure_code) == (S.RUNNING, None)
     assert await fleet.store.read_events(run.run_id) == []
 
 
-async def test_backstop_crash_between_park_and_record_is_repaired_by_the_settled_branch(
+async def test_backstop_crash_between_record_and_park_parks_on_the_advisorys_redelivery(
     fleet: Fleet, backstop: Backstop
 ) -> None:
     run = await create(fleet, S.QUEUED)
     seq = await put_for(fleet, run.run_id)
-    dying = rebuilt(backstop, dlq=CrashingDlq(fleet.dlq))
+    dying = rebuilt(backstop, store=CrashingStore(fleet.store))
     with pytest.raises(Crash):
         await dying.settle(seq)
-    parked = await fleet.store.get_run(run.run_id)
-    assert (parked.status, parked.failure_code) == (S.FAILED_RESUMABLE, "DLQ_PARKED")
-    assert await record(fleet, seq) is None and await present(fleet, seq)
+    assert await fleet.store.get_run(run.run_id) == run  # not parked
+    assert await record(fleet, seq) is not None and await present(fleet, seq)
 
-    # The advisory comes back (it was never acked): the settled branch writes what is missing.
-    assert await backstop.settle(seq) == ("settled", None)
+    # The advisory comes back (it was never acked): record again (the same id), then park.
+    assert await backstop.settle(seq) == ("parked", None)
     rec = await record(fleet, seq)
     assert rec is not None
     assert (rec.reason, rec.run_id, rec.attempt, rec.replayable) == (
@@ -140,18 +158,49 @@ async def test_backstop_crash_between_park_and_record_is_repaired_by_the_settled
         True,
     )
     assert not await present(fleet, seq)
+    parked = await fleet.store.get_run(run.run_id)
+    assert (parked.status, parked.failure_code) == (S.FAILED_RESUMABLE, "DLQ_PARKED")
     assert [(e.type, e.data) for e in await fleet.store.read_events(run.run_id)] == [
         ("run_dlq_parked", {"reason": "max_deliveries", "record_id": seq})
     ]
-    assert await fleet.store.get_run(run.run_id) == parked
-    # Once more: nothing is written twice.
-    await fleet.dlq.delete(seq)
+
+
+async def test_backstop_withdraws_a_record_whose_park_never_happened_once_the_run_settled_elsewhere(
+    fleet: Fleet, backstop: Backstop
+) -> None:
+    run = await create(fleet, S.QUEUED)
+    seq = await put_for(fleet, run.run_id)
+    with pytest.raises(Crash):
+        await rebuilt(backstop, store=CrashingStore(fleet.store)).settle(seq)
+    assert await record(fleet, seq) is not None
+    # Before the advisory comes back, an operator cancelled the run at that attempt.
+    done = await fleet.store.update_run(
+        run.run_id, [Eq("status", S.QUEUED)], Update(set={"status": S.CANCELLED})
+    )
+    assert not isinstance(done, CasConflict)
+    assert await backstop.settle(seq) == ("settled", None)
+    assert await record(fleet, seq) is None  # no replay may un-cancel a run never parked
+    assert not await present(fleet, seq)
+    assert await fleet.store.read_events(run.run_id) == []
+
+
+async def test_backstop_restores_the_record_of_a_park_whose_record_is_missing(
+    fleet: Fleet, backstop: Backstop
+) -> None:
+    run = await create(fleet, S.QUEUED)
+    seq = await put_for(fleet, run.run_id)
+    assert await backstop.settle(seq) == ("parked", None)
+    parked = await fleet.store.get_run(run.run_id)
+    await fleet.dlq.delete(seq)  # the record is gone (by hand), the park stands
     again = await publish_raw(
         fleet.js, fleet.names.runs_subject, body(run.run_id, 1), id_=f"{run.run_id}:1:again"
     )
     seq2 = int(again.seq)
     assert await backstop.settle(seq2) == ("settled", None)
-    assert len(await fleet.store.read_events(run.run_id)) == 1
+    rec = await record(fleet, seq2)
+    assert rec is not None and rec.reason == "max_deliveries"
+    assert len(await fleet.store.read_events(run.run_id)) == 1  # the park's event, not twice
+    assert await fleet.store.get_run(run.run_id) == parked
 
 
 # -- the tenant, as admission checks it -----------------------------------------------------------
@@ -303,7 +352,7 @@ async def test_backstop_internal_error_it_cannot_record_naks_the_advisory_and_de
     run = await create(fleet, S.QUEUED)
     seq = await put_for(fleet, run.run_id)
     stuck = rebuilt(
-        backstop, store=FailingStore(fleet.store, run.run_id), dlq=CrashingDlq(fleet.dlq)
+        backstop, store=FailingStore(fleet.store, run.run_id), dlq=UnwritableDlq(fleet.dlq)
     )
     advisory = Advisory(seq)
     assert await stuck.settle_advisory(advisory) == "internal_error"  # type: ignore[arg-type]
