@@ -113,3 +113,34 @@ def test_browser_a_nak_delay_and_a_superseded_delivery_are_in_the_run_timeline(
     expect(superseded).to_contain_text("1")
     shot(operator, tmp_path, "run-timeline")
     assert console.run(run_id)["attempt"] == 2
+
+
+def test_browser_bulk_replay_by_reason_replays_every_record_with_it(
+    operator: Page, console: Console, tmp_path: Path
+) -> None:
+    """Bulk by reason (issue 18 item 2): the DLQ filtered by one reason offers to replay every
+    record with it; both dead-lettered runs come back and finish."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = dead_lettered(console, tmp_path / "a")
+    second = dead_lettered(console, tmp_path / "b")
+    reasons = {r["id"]: r["reason"] for r in console.records()}
+    reason = reasons[first[1]]
+    assert reasons[second[1]] == reason
+    for _, _, fix in (first, second):
+        fix.touch()
+    operator.goto(f"/ui/dlq?reason={reason}")
+    for _, record_id, _ in (first, second):
+        expect(operator.locator(f'tr[data-record="{record_id}"]')).to_be_visible()
+    operator.click("#bulk-replay button")
+    flash = operator.locator("#flash")
+    for run_id, record_id, _ in (first, second):
+        expect(flash).to_contain_text(f"record {record_id} → run {run_id[:13]} queued")
+        expect(operator.locator(f'tr[data-record="{record_id}"]')).to_have_count(0)
+    for run_id, _, _ in (first, second):
+        eventually(
+            lambda run_id=run_id: console.run(run_id)["status"] == "finished",
+            within=60,
+            every=0.2,
+            what=f"run {run_id} finished after the bulk replay",
+        )
