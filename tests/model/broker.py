@@ -21,15 +21,18 @@ Exactly the behaviours the protocol relies on, each pinned against a real nats-s
 Time is a `Clock` the caller advances; nothing sleeps. Acks and naks on one delivery object are
 refused a second time, as nats-py refuses them (`MsgAlreadyAckdError`).
 
-The double is one server: it has no leaders. On a three-node cluster with the stream at three
-replicas (nats-server 2.15.1; the contract tests' cluster cases, each with the stream's and the
-consumer's leader stepping down through the JetStream API in its middle), every behaviour above
-held, and three differences were observed that the double does not model:
+The double has no leaders, but it models the one cluster difference that changes what a
+consumer hands out: `consumer_leader_change()` (the contract tests call it where they step the
+cluster's leaders down, so the double is held to the cluster's answer). On a three-node cluster
+with the stream at three replicas (nats-server 2.15.1; the contract tests' cluster cases, each
+with the stream's and the consumer's leader stepping down through the JetStream API in its
+middle), every behaviour above held, and three differences were observed:
 
 - a consumer leader change hands out *at once* a message redelivered less than `ack_wait` ago
   and not working-acked since: the replicated consumer state keeps the `ack_wait` clock of the
   first delivery (or of the last working ack), not of a later redelivery — a second holder
-  early (`test_a_consumer_leader_change_redelivers_at_once_a_redelivery_not_working_acked`).
+  early (`test_a_consumer_leader_change_redelivers_at_once_a_redelivery_not_working_acked`);
+  the double models it (`consumer_leader_change`).
   The protocol's answer is the same as to any duplicate delivery: the lease fence (SPEC §13
   inv. 2), and the runner's first working ack after its claim closes the window;
 - an acked message stays readable by `get_msg` for a few ms after the ack is answered (2-26 ms
@@ -43,11 +46,14 @@ held, and three differences were observed that the double does not model:
 One more, seen by `tests/publisher/test_publish_cluster.py` rather than the contract tests: a
 publish whose `Nats-Msg-Id` is *in process* (its copy proposed to the stream's raft group, not
 yet committed) is refused `409 err_code 10158`, not answered `duplicate`; asked again a moment
-later it is the duplicate. The double stores at once, so it never answers that.
+later it is the duplicate. The double stores at once, so it never answers that (nor the 503s
+and silences of an election: the publisher's and the runner's answers to those are tested on the
+cluster itself, `tests/publisher/test_publish_cluster.py`, `tests/runner/test_disposition.py`).
 
 The dedupe window, nak delays, working acks from an older delivery, the max-deliveries advisory
 and an ack after it all survived the step-downs unchanged, which is why the model may run on a
-double without leaders; a model of leader changes would add the first difference as a fault.
+double: the early redelivery is one more duplicate delivery, which the model already makes
+(a second holder while the owner lives, and `duplicate()`).
 """
 
 from __future__ import annotations
@@ -90,6 +96,9 @@ class _Message:
     delivered: int = 0
     due: float | None = None
     """While delivered and unacked: when it becomes deliverable again (ack deadline or nak)."""
+    replicated_due: float | None = None
+    """The deadline a clustered consumer's replicated state keeps: set by the first delivery, a
+    working ack or a nak, never by a later redelivery (`consumer_leader_change`)."""
     exceeded: bool = False
 
 
@@ -192,6 +201,8 @@ class WorkQueue:
         m = self._messages[seq]
         m.delivered += 1
         m.due = self.clock.now + self.ack_wait
+        if m.delivered == 1:
+            m.replicated_due = m.due
         return Delivered(self, seq, m.delivered, m.data, dict(m.headers))
 
     def fetch(self, batch: int = 1) -> list[Delivered]:
@@ -214,13 +225,27 @@ class WorkQueue:
         m = self._messages.get(seq)
         if m is None or m.exceeded or m.due is None:
             return
-        m.due = self.clock.now + (delay or 0.0)
+        m.due = m.replicated_due = self.clock.now + (delay or 0.0)
 
     def in_progress(self, seq: int) -> None:
         m = self._messages.get(seq)
         if m is None or m.exceeded or m.due is None:
             return
-        m.due = self.clock.now + self.ack_wait
+        m.due = m.replicated_due = self.clock.now + self.ack_wait
+
+    def consumer_leader_change(self) -> list[int]:
+        """What a clustered consumer does when its leader changes (nats-server 2.15.1, pinned by
+        `test_a_consumer_leader_change_redelivers_at_once_a_redelivery_not_working_acked`): the
+        new leader knows only the replicated deadline, so a message redelivered less than
+        `ack_wait` ago and not working-acked since is deliverable again at once. Returns the
+        sequences it made deliverable early."""
+        early = []
+        for m in self._messages.values():
+            due, kept = m.due, m.replicated_due
+            if due is not None and kept is not None and kept < due and not m.exceeded:
+                m.due = kept
+                early.append(m.seq)
+        return early
 
     # -- the stream -------------------------------------------------------------------------
 

@@ -1233,9 +1233,14 @@ class ProtocolModel(RuleBasedStateMachine):
     def _record_settles(self, actor: Actor, seq: int) -> None:
         """A delivery that ends with its message's DLQ record standing for the run's current
         attempt has left the run parked or settled: never `queued`, `running` or auto-resumable
-        behind the record (a replay would loop it; the sweeper would republish it)."""
+        behind the record (a replay would loop it; the sweeper would republish it). Only a
+        record this delivery wrote counts: the backstop's record of the same message stands
+        between its own record and park (SPEC §5.6), and the backstop answers for it."""
         record = self.dlq.records.get(seq)
         if record is None or record.run_id != self.run_id:
+            return
+        svc = actor.svc
+        if svc is None or record.runner != svc.owner:
             return
         doc = self.run(self.raw.get_run(self.run_id))
         if record.attempt == doc.attempt and _orphanable(doc):
@@ -1720,6 +1725,14 @@ class ProtocolModel(RuleBasedStateMachine):
                 if cancel is not None and doc.cancel_requested:
                     cancel.cancel(CancelReason.OPERATOR)
                     _seen("control signal")
+
+    @rule()
+    def consumer_leader_change(self) -> None:
+        """The work consumer's leader changes (a 3-node cluster, issue 21): a message
+        redelivered less than `ack_wait` ago and not working-acked since is deliverable again
+        at once (`WorkQueue.consumer_leader_change`, pinned by the broker contract tests)."""
+        if self.queue.consumer_leader_change():
+            _seen("consumer leader change: an early redelivery")
 
     @precondition(lambda self: len(set(self.queue.sequences()) - set(self.hostile)) < 3)
     @rule()
