@@ -317,8 +317,12 @@ class Publisher:
             source_hash=spec.workflow.source_hash if spec.workflow else None,
         )
         try:
-            ack = await self.publish(result, kind, resume=copy)
-        except (PublishFailed, DuplicatePublication) as exc:
+            # `expect_new=False`: the attempt is new by its CAS, so the only copy that can hold
+            # its `Nats-Msg-Id` already is the sweeper's republish of this very attempt (a
+            # resume stalled past the grace between its CAS and its publish; found by the
+            # protocol model). Its copy carries the attempt: queued, not failed.
+            ack = await self.publish(result, kind, resume=copy, expect_new=False)
+        except PublishFailed as exc:
             await self.flip_back(result, spec.prior_status, exc.message)
             raise
         await self.record_publication(result, ack)

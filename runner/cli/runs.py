@@ -136,7 +136,10 @@ async def resume_cmd(
                 auto_resume=auto_resume,
                 on_event=progress_printer(not quiet and not as_json),
             )
-    echo_json(run_view(doc)) if as_json else echo_run(doc)
+    # Through the queue, say what was queued even when a runner already took the run (the
+    # document is read after the publish); a local resume ran it, so it says how it ended.
+    queued = not local
+    echo_json(run_view(doc, just_queued=queued)) if as_json else echo_run(doc, just_queued=queued)
 
 
 @click.command("launch")

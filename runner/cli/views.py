@@ -12,7 +12,9 @@ from store import Event, RunDocument, RunStatus
 from store.timeutil import iso_z
 
 
-def run_view(doc: RunDocument, retry: RetryWait | None = None) -> dict[str, Any]:
+def run_view(
+    doc: RunDocument, retry: RetryWait | None = None, *, just_queued: bool = False
+) -> dict[str, Any]:
     """The `--json` shape of a run (SPEC §10 fields first, then what an operator needs);
     `retry` is the automatic retry it waits for, when the caller looked it up (`status`)."""
     cp = doc.checkpoint
@@ -33,7 +35,7 @@ def run_view(doc: RunDocument, retry: RetryWait | None = None) -> dict[str, Any]
         "outputs": cp.outputs if cp else {},
         "pending_questions": prompt["questions"] if prompt else None,
         "prompt": prompt,
-        "queued_resume": queued_resume(doc),
+        "queued_resume": queued_resume(doc, just_queued=just_queued),
         "budget": doc.budget.model_dump(),
         "usage": cp.usage.model_dump() if cp else None,
         "lease": None
@@ -59,11 +61,15 @@ def human_prompt(doc: RunDocument) -> dict[str, Any] | None:
     }
 
 
-def queued_resume(doc: RunDocument) -> dict[str, Any] | None:
+def queued_resume(doc: RunDocument, *, just_queued: bool = False) -> dict[str, Any] | None:
     """The resume a queued run carries (its attempt's request), so `resume` can say what it
-    queued rather than what the run was waiting for."""
+    queued rather than what the run was waiting for. `just_queued`: the caller queued this
+    attempt itself, so it is said even when a runner already took the run (the document is read
+    after the publish)."""
     spec = doc.resume_spec
-    if doc.status is not RunStatus.QUEUED or spec is None or spec.attempt != doc.attempt:
+    if spec is None or spec.attempt != doc.attempt:
+        return None
+    if doc.status is not RunStatus.QUEUED and not just_queued:
         return None
     return {
         "kind": spec.kind,
@@ -77,8 +83,10 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str))
 
 
-def echo_run(doc: RunDocument, retry: RetryWait | None = None) -> None:
-    v = run_view(doc, retry)
+def echo_run(
+    doc: RunDocument, retry: RetryWait | None = None, *, just_queued: bool = False
+) -> None:
+    v = run_view(doc, retry, just_queued=just_queued)
     click.echo(f"run       {v['run_id']}")
     click.echo(f"workflow  {v['workflow']['name']}  (attempt {v['attempt']}, {v['origin']})")
     click.echo(f"status    {v['status']}" + (f", {retry.describe()}" if retry else ""))

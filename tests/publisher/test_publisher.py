@@ -219,6 +219,35 @@ async def test_resume_publishes_attempt_n_plus_one_with_its_own_msg_id(
     assert (await event_types(run_store, launched.run_id))[-1] == "run_queued"
 
 
+async def test_resume_whose_attempt_the_sweeper_published_first_is_queued_not_failed(
+    publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
+):
+    """Found by the protocol model: a resume stalled between its CAS and its publish past the
+    sweeper's grace; the sweeper republished the queued attempt under its `Nats-Msg-Id`, so the
+    resume's own first publish is answered duplicate. That copy carries the attempt: the
+    resume is queued with it, never flipped back (nor the operator told it failed)."""
+    launched = await publisher.launch(example("hello.yaml"), {}, tenant="default")
+    await run_store.update_run(
+        launched.run_id,
+        [Eq("status", RunStatus.QUEUED), Eq("attempt", 1)],
+        Update(set={"status": RunStatus.PAUSED_OPERATOR, "checkpoint": Checkpoint(progress=1)}),
+    )
+    swept = await nats_conn.js.publish(
+        names.runs_subject,
+        b"the sweeper's copy of attempt 2",
+        stream=names.runs_stream,
+        headers={"Nats-Msg-Id": f"{launched.run_id}:2"},
+    )
+
+    resumed = await publisher.resume(launched.run_id, ResumeRequest(), tenant="default")
+
+    assert (resumed.status, resumed.attempt) == (RunStatus.QUEUED, 2)
+    assert resumed.publication is not None
+    assert (resumed.publication.attempt, resumed.publication.stream_seq) == (2, swept.seq)
+    assert len(await stream_messages(nats_conn.js, names)) == 2  # not stored twice
+    assert (await event_types(run_store, launched.run_id))[-1] == "run_queued"
+
+
 async def test_resume_clears_cancel_requested(publisher: Publisher, run_store: RunStore):
     run = await put_run(
         run_store,
