@@ -46,6 +46,16 @@ PUBLISH_RETRYABLE = (
     OSError,
 )
 """The errors after which the publisher tries a publish again (with `msg_id_in_process`)."""
+JETSTREAM_UNANSWERED = (
+    nats.errors.NoRespondersError,
+    nats.errors.TimeoutError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    ServiceUnavailableError,
+)
+"""JetStream not answering for a moment: a leader election (a confirmed ack or a DLQ write
+meets "no responders" while a consumer or stream elects, docs/reliability.md C5), a reconnect.
+The runner's delivery says it at warning and disposes again; it is news, not a bug."""
 MSG_ID_IN_PROCESS = 10158
 """JetStream's `409 "duplicate message id is in process"` (clustered streams, nats-server 2.15):
 a copy under this `Nats-Msg-Id` is proposed to the stream's raft group and not yet committed.

@@ -14,9 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-import nats.errors
-from nats.js.errors import ServiceUnavailableError
-
 from engine.cancel import CancelSignal
 from engine.events import EventLog
 from engine.execution import Execution
@@ -24,6 +21,7 @@ from engine.failures import FailureCode
 from engine.fencing import LeaseLost
 from engine.outcome import CancelReason, Failed, Interrupted, Outcome
 from publisher.errors import MalformedMessage, UnsupportedSchema
+from publisher.nats_errors import JETSTREAM_UNANSWERED
 from publisher.wire import RunMessage, decode
 from runner.admission import Ack, CancelStale, Claim, ClaimPath, Dead, Nak, Refuse, judge
 from runner.claim import cancel_stale, claim, park_refusal, refuse_answer
@@ -41,22 +39,10 @@ from store.staging import StagedUploadInvalid, StagedUploadNotFound
 log = logging.getLogger(__name__)
 
 
-BROKER_UNANSWERED = (
-    nats.errors.NoRespondersError,
-    nats.errors.TimeoutError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    ServiceUnavailableError,
-)
-"""JetStream not answering for a moment: a leader election (a confirmed ack or a DLQ write
-meets "no responders" while a consumer or stream elects, docs/reliability.md C5), a reconnect.
-News for the log, not a bug: disposed the same way, said at warning."""
-
-
 async def handle(svc: RunnerServices, delivery: Delivery) -> None:
     try:
         await _handle(svc, delivery)
-    except BROKER_UNANSWERED as exc:
+    except JETSTREAM_UNANSWERED as exc:  # an election or a reconnect (C5), not a bug
         log.warning(
             "delivery seq=%s: JetStream did not answer (%r); disposed again",
             delivery.info.stream_seq,
