@@ -73,6 +73,7 @@ class ScratchSoak:
     def __init__(self, cfg: ScratchSoakConfig) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        self.seen_a_bank = False
         self.root = Path(cfg.data or tempfile.mkdtemp(prefix="runfleet-soak-scratch-")).resolve()
         self.db = self.root / "runs.db"
         self.lost = self.root / "lost"
@@ -233,6 +234,8 @@ class ScratchSoak:
                 self.report.refused_admission += 1
                 self.say(f"{doc.run_id[-8:]} parked SCRATCH_NOT_PORTABLE: {doc.error}")
             return lease_is_free(doc, utcnow(), SKEW)
+        if doc.scratch is not None and doc.scratch.state == "banked":
+            self.seen_a_bank = True
         rp = self.owner_of(doc)  # a live runner holds the lease
         banking = rp is not None and doc.status is RunStatus.PAUSED_WAITING_HUMAN
         restoring = rp is not None and doc.status is RunStatus.RUNNING
@@ -265,8 +268,12 @@ class ScratchSoak:
         return doc.run_id in self.parked and free
 
     def target(self, key: tuple[str, int, str], p: float) -> bool:
-        """Each bank and each restore of an attempt is drawn for a kill once."""
-        if key in self.targeted:
+        """Each bank and each restore of an attempt is drawn for a kill once.
+
+        No bank is killed until one bank has been seen to land: with few runs a fair draw (and
+        one SIGKILL takes every bank its runner holds) kills every bank now and then, and a soak
+        whose banks all died proves refusals but never a bank followed to its restore."""
+        if key in self.targeted or (key[2] == "bank" and not self.seen_a_bank):
             return False
         self.targeted.add(key)
         return self.rng.random() < p
