@@ -1,5 +1,13 @@
 """The execution's event log: every event carries the attempt and the execution (lease token)
-of SPEC §6.3. Events are projections: after the lease is lost nothing more is appended."""
+of SPEC §6.3. Events are projections: after the lease is lost nothing more is appended.
+
+Narration that describes no side effect of its own (`run_claimed`, a compute node's
+`node_started`) may be *deferred*: it rides with the next fenced state write, in the same store
+operation (`RunStore.update_run(events=...)`), instead of costing a write of its own — a one-node
+run writes three times, not seven (issue 19 lever 1). The order of events is kept: anything
+emitted directly first carries what is pending, and a deferred event never outlives the execution
+(the outcome's status write carries whatever is left). Deferral is on only for fleet executions;
+a local run's listener (the CLI's progress lines) sees every event as it is appended."""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ from typing import Any
 
 from engine.cancel import CancelSignal
 from engine.outcome import CancelReason
-from store import Event, RunStore
+from store import Event, EventDraft, RunStore
 
 
 class EventLog:
@@ -21,6 +29,8 @@ class EventLog:
         execution: str | None,
         cancel: CancelSignal | None = None,
         listener: Callable[[Event], None] | None = None,
+        *,
+        defer: bool = False,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -28,16 +38,57 @@ class EventLog:
         self.execution = execution
         self._cancel = cancel
         self._listener = listener
+        self._defer = defer
+        self._pending: list[EventDraft] = []
         self.deadline: Callable[[], float] | None = None
         """Seconds the lease has left (set by the lease holder): an append still pending when
         they run out is abandoned, so a stalled execution's narration cannot land after an
         adopter's claim."""
 
+    def draft(self, type: str, **data: Any) -> EventDraft:
+        """An event of this execution, to hand to a state write (`FencedWriter`)."""
+        return EventDraft(type, data, self.attempt, self.execution)
+
+    @property
+    def rides(self) -> bool:
+        """Deferred narration rides inside the next state write (fleet executions); else it is
+        appended right after that write lands (local runs: the listener sees each event)."""
+        return self._defer
+
+    def defer(self, type: str, **data: Any) -> None:
+        """Say `type` with the next state write (or before the next direct emit)."""
+        if self._cancel is None or self._cancel.reason is not CancelReason.LEASE_LOST:
+            self._pending.append(self.draft(type, **data))
+
+    def take(self, *more: EventDraft) -> list[EventDraft]:
+        """What is pending, then `more`, for a state write to carry; the log forgets them (a
+        write that fails gives them back with `give_back`)."""
+        taken, self._pending = [*self._pending, *more], []
+        return taken
+
+    def give_back(self, drafts: list[EventDraft]) -> None:
+        """A write that carried `drafts` raised before it landed: keep them pending, in order."""
+        self._pending[:0] = drafts
+
+    async def flush(self, *more: EventDraft) -> None:
+        """Append what is pending, then `more`, one by one (after a write that did not carry
+        them)."""
+        for draft in self.take(*more):
+            if await self._append(draft) is None:
+                return
+
     async def emit(self, type: str, **data: Any) -> Event | None:
         if self._cancel is not None and self._cancel.reason is CancelReason.LEASE_LOST:
             return None
+        pending = self.take()  # what was deferred goes first: the order is the log's
+        for draft in pending:
+            if await self._append(draft) is None:
+                return None
+        return await self._append(self.draft(type, **data))
+
+    async def _append(self, draft: EventDraft) -> Event | None:
         append = self.store.append_event(
-            self.run_id, type, data, attempt=self.attempt, execution=self.execution
+            self.run_id, draft.type, draft.data, attempt=self.attempt, execution=self.execution
         )
         if self.deadline is None:
             event = await append

@@ -95,6 +95,7 @@ class Execution(RunStops, NodeRuns):
         self.blobs = blobs
         self.writer = FencedWriter(store, run.run_id, token, run.attempt, cancel)
         self.events = events or EventLog(store, run.run_id, run.attempt, token, cancel)
+        self.writer.events = self.events
         self.checkpoint = (
             run.checkpoint.model_copy(deep=True) if run.checkpoint is not None else Checkpoint()
         )
@@ -155,9 +156,11 @@ class Execution(RunStops, NodeRuns):
         stopped = await self.driver.stop_others(self.run_id, keep_token=self.token)
         if stopped:
             log.info("run %s: stopped sandboxes of earlier executions: %s", self.run_id, stopped)
-        await self.events.emit("run_claimed", path=path, runner=runner)
+        # Narration with nothing of its own to show: it rides with the first write (the node
+        # boundary, or the outcome's status), which lands before anything else is said.
+        self.events.defer("run_claimed", path=path, runner=runner)
         if self.run_doc.checkpoint is not None:
-            await self.events.emit("run_workspace_reset")
+            self.events.defer("run_workspace_reset")
 
     async def run(self) -> Outcome:
         try:
@@ -174,6 +177,17 @@ class Execution(RunStops, NodeRuns):
             await teardown_scratch(self, outcome or self.outcome)
         finally:
             await self._stop_sandbox()
+
+    def teardown_is_empty(self) -> bool:
+        """No sandbox was started, the run has no scratch record to bank or drop, and no
+        workspace was made: `teardown()` would do nothing, so the release may ride with the
+        outcome's status write and keep SPEC §5.4's order (ADR-0014)."""
+        return (
+            self._sandbox is None
+            and self.run_doc.scratch is None
+            and not self.scratch_marked
+            and not self.workspace.exists()
+        )
 
     async def _stop_sandbox(self) -> None:
         if self._sandbox is not None:
@@ -205,11 +219,11 @@ class Execution(RunStops, NodeRuns):
         if isinstance(node, HumanNode) and node_id in cp.outputs and cp.pending_interaction is None:
             # The fresh claim wrote the answers as this node's output (SPEC §5.3): they select
             # the outgoing edge; the node itself is not asked again.
+            # Events are projections of what the checkpoint holds: they ride with it, so an
+            # execution that lost its lease (the write was refused) appends nothing.
+            self.events.defer("human_answers_recorded", node=node_id)
+            self.events.defer("node_finished", node=node_id, in_sandbox=False, answered=True)
             nxt = await self._advance(node_id)
-            # Events are projections of what the checkpoint already holds: written after it,
-            # so an execution that lost its lease (the write raised) appends nothing.
-            await self.events.emit("human_answers_recorded", node=node_id)
-            await self.events.emit("node_finished", node=node_id, in_sandbox=False, answered=True)
             if not isinstance(nxt, str):
                 return nxt
             node_id = nxt
@@ -235,10 +249,10 @@ class Execution(RunStops, NodeRuns):
             if isinstance(result, NodeFailed):
                 cp.restart_node = node_id
                 cp.node_retries.pop(node_id, None)
-                await self.writer.write_checkpoint(cp)
-                await self.events.emit(
+                failed = self.events.draft(
                     "node_failed", node=node_id, code=result.code, error=result.error, retry=False
                 )
+                await self.writer.write_checkpoint(cp, events=[failed])
                 return Failed(result.code, result.error, node=node_id)
             stored = await self._store_output(node_id, result.output)
             if isinstance(stored, Failed):
@@ -252,8 +266,8 @@ class Execution(RunStops, NodeRuns):
             in_sandbox = counts_for_bank(node.kind)  # SANDBOX_KINDS (§7.4)
             if in_sandbox:
                 cp.sandbox_progress = cp.sandbox_done[node_id] = cp.progress + 1
+            self.events.defer("node_finished", node=node_id, in_sandbox=in_sandbox)
             nxt = await self._advance(node_id)
-            await self.events.emit("node_finished", node=node_id, in_sandbox=in_sandbox)
             if not isinstance(nxt, str):
                 return nxt
             node_id = nxt

@@ -8,25 +8,33 @@
 A conflict whose re-read shows another token (or no lease) means the lease is lost: the writer
 raises `LeaseLost`, signals the execution, and refuses every later write without touching the
 store, so a stale execution cannot write even if the store would let it.
+
+Every write carries the events it describes, and whatever narration the execution deferred
+(`EventLog.defer`), in the same store operation: a refused write appends none of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from engine.cancel import CancelSignal
 from engine.outcome import CancelReason
 from store import (
     CasConflict,
     Checkpoint,
+    Condition,
     Eq,
+    EventDraft,
     RunDocument,
     RunfleetError,
     RunStatus,
     RunStore,
     Update,
 )
+
+if TYPE_CHECKING:
+    from engine.events import EventLog
 
 
 class LeaseLost(RunfleetError, code="lease_lost"):
@@ -42,6 +50,36 @@ class FencedWriter:
         self.token = token
         self.attempt = attempt
         self.cancel = cancel
+        self.events: EventLog | None = None
+        """The execution's log, whose deferred narration rides with each write (set by the
+        execution that owns both)."""
+        self.release_sent = False
+        """A status write carried the release: if its reply was lost, the lease is gone because
+        this execution dropped it, not because an adopter took it (`release`)."""
+        self.on_release: Callable[[], None] | None = None
+        """Told just before a status write that also drops the lease: the lease keeper stops,
+        so its next beat does not mistake the release for a lost lease."""
+
+    async def _write(
+        self, conditions: Sequence[Condition], update: Update, events: Sequence[EventDraft] = ()
+    ) -> RunDocument | CasConflict:
+        """One fenced write with the pending narration and `events`: inside it when the log
+        rides (a write that raises gives the narration back for the next write; a refused one
+        drops it, as a lost lease appends nothing), else appended right after it lands."""
+        log = self.events
+        if log is None:
+            return await self.store.update_run(self.run_id, conditions, update, events=events)
+        if not log.rides:
+            result = await self.store.update_run(self.run_id, conditions, update)
+            if not isinstance(result, CasConflict):
+                await log.flush(*events)
+            return result
+        drafts = log.take(*events)
+        try:
+            return await self.store.update_run(self.run_id, conditions, update, events=drafts)
+        except BaseException:
+            log.give_back(drafts[: len(drafts) - len(events)])
+            raise
 
     @property
     def lost(self) -> bool:
@@ -67,12 +105,16 @@ class FencedWriter:
         return current
 
     async def write_checkpoint(
-        self, checkpoint: Checkpoint, extra: Mapping[str, Any] | None = None
+        self,
+        checkpoint: Checkpoint,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        events: Sequence[EventDraft] = (),
     ) -> RunDocument:
         self._guard()
         update = Update(set={"checkpoint": checkpoint.model_dump(), **(extra or {})})
-        result = await self.store.update_run(
-            self.run_id, [*self._fence(), Eq("status", RunStatus.RUNNING)], update
+        result = await self._write(
+            [*self._fence(), Eq("status", RunStatus.RUNNING)], update, events
         )
         if isinstance(result, CasConflict):
             current = self._judge(result)
@@ -87,9 +129,16 @@ class FencedWriter:
         error: str | None = None,
         cause_code: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        events: Sequence[EventDraft] = (),
+        release: bool = False,
     ) -> RunDocument:
-        """Write the outcome status. Returns the written document: its status is `cancelled`
-        when a pending operator cancel beat the outcome (SPEC §5.6)."""
+        """Write the outcome status, with `events` (the status's own event first) riding on it.
+        Returns the written document: its status is `cancelled` when a pending operator cancel
+        beat the outcome (SPEC §5.6) — then `run_cancelled` rode instead of `events`.
+
+        `release`: drop the lease in the same write. Only when the teardown has nothing to do
+        (no sandbox started, no scratch to bank or drop): §5.4 orders the release after the
+        teardown, and an empty teardown keeps that order (ADR-0014)."""
         self._guard()
         conds = [*self._fence(), Eq("status", RunStatus.RUNNING)]
         if status is not RunStatus.FINISHED:
@@ -101,18 +150,23 @@ class FencedWriter:
             "cause_code": cause_code,
             **(extra or {}),
         }
-        result = await self.store.update_run(self.run_id, conds, Update(set=fields))
+        if release:
+            self.release_sent = True
+            if self.on_release is not None:
+                self.on_release()
+        update = Update(set=fields, unset=["lease"] if release else [])
+        result = await self._write(conds, update, events)
         if not isinstance(result, CasConflict):
             return result
         current = self._judge(result)
         if current.cancel_requested and current.status is RunStatus.RUNNING:
-            return await self.write_cancelled()
+            return await self.write_cancelled(release=release)
         raise LeaseLost(f"run {self.run_id}: status write refused in status {current.status}")
 
-    async def write_cancelled(self) -> RunDocument:
+    async def write_cancelled(self, *, release: bool = False) -> RunDocument:
+        """`running → cancelled`, with `run_cancelled` riding on it."""
         self._guard()
-        result = await self.store.update_run(
-            self.run_id,
+        result = await self._write(
             [*self._fence(), Eq("status", RunStatus.RUNNING)],
             Update(
                 set={
@@ -120,8 +174,10 @@ class FencedWriter:
                     "cancel_requested": False,
                     "failure_code": None,
                     "error": None,
-                }
+                },
+                unset=["lease"] if release else [],
             ),
+            [EventDraft("run_cancelled", {}, self.attempt, self.token)],
         )
         if isinstance(result, CasConflict):
             self._judge(result)
@@ -132,9 +188,7 @@ class FencedWriter:
         """Record fields (`scratch`, `metrics`): fenced by token only, so a resume queued while
         this execution still banks does not fence out its bank record."""
         self._guard()
-        result = await self.store.update_run(
-            self.run_id, [Eq("lease.token", self.token)], Update(set=dict(fields))
-        )
+        result = await self._write([Eq("lease.token", self.token)], Update(set=dict(fields)))
         if isinstance(result, CasConflict):
             self._judge(result)
             raise LeaseLost(f"run {self.run_id}: record write refused")
@@ -144,7 +198,10 @@ class FencedWriter:
         """Drop the lease (token only). None when it was already gone: nothing to release."""
         if self.lost:
             return None
-        result = await self.store.update_run(
-            self.run_id, [Eq("lease.token", self.token)], Update(unset=["lease"])
-        )
-        return None if isinstance(result, CasConflict) else result
+        result = await self._write([Eq("lease.token", self.token)], Update(unset=["lease"]))
+        if not isinstance(result, CasConflict):
+            return result
+        current = result.current
+        if self.release_sent and current is not None and current.lease is None:
+            return current  # our status write dropped it; its reply was lost
+        return None

@@ -125,6 +125,8 @@ class LeaseKeeper:
                 backoff = min(backoff * 2, 1.0)
                 continue
             if isinstance(result, CasConflict):
+                if self._stop.is_set():  # the holder let go meanwhile (a folded release)
+                    return False
                 log.error("run %s: lease %s taken over", self.run_id, self.token)
                 self.cancel.cancel(CancelReason.LEASE_LOST)
                 return False

@@ -65,7 +65,10 @@ class NodeRuns:
         declared = getattr(getattr(node, "retry", None), "max", None)
         backoff = getattr(getattr(node, "retry", None), "backoff", None) or 1.0
         while True:
-            await self.events.emit("node_started", node=node_id)
+            if isinstance(node, ComputeNode):  # no side effect: it rides with the boundary
+                self.events.defer("node_started", node=node_id)
+            else:
+                await self.events.emit("node_started", node=node_id)
             started = time.monotonic()
             result = await self._race(self._execute(node_id))
             cp.usage.elapsed += time.monotonic() - started
@@ -79,10 +82,10 @@ class NodeRuns:
             if used >= node_retries_for(result.code, declared):
                 return result  # the caller anchors the checkpoint, then says node_failed
             cp.node_retries[node_id] = used + 1
-            await self.writer.write_checkpoint(cp)
-            await self.events.emit(
+            failed = self.events.draft(
                 "node_failed", node=node_id, code=result.code, error=result.error, retry=True
             )
+            await self.writer.write_checkpoint(cp, events=[failed])
             pause = node_retry_backoff(used + 1, base_s=float(backoff))
             if await self._race(asyncio.sleep(pause, result)) is None:
                 return None

@@ -6,6 +6,7 @@ local executions call `settle` directly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.events import EventLog
@@ -20,7 +21,7 @@ from engine.outcome import (
     Outcome,
     Paused,
 )
-from store import RunDocument, RunStatus
+from store import EventDraft, RunDocument, RunStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,30 +57,52 @@ def status_for(outcome: Outcome) -> Settlement | None:
     raise AssertionError(f"unknown outcome {outcome!r}")
 
 
-async def emit_status_event(events: EventLog, doc: RunDocument, outcome: Outcome) -> None:
-    match doc.status:
+def status_event(
+    events: EventLog,
+    status: RunStatus,
+    outcome: Outcome,
+    failure_code: str | None,
+    error: str | None,
+) -> EventDraft:
+    """The event a status write says (SPEC §6.3), to ride with it. `cancelled` is the writer's
+    own (a pending cancel that beat the outcome carries `run_cancelled` instead)."""
+    match status:
         case RunStatus.FINISHED:
-            await events.emit("run_finished")
+            return events.draft("run_finished")
         case RunStatus.CANCELLED:
-            await events.emit("run_cancelled")
+            return events.draft("run_cancelled")
         case RunStatus.PAUSED_WAITING_HUMAN | RunStatus.PAUSED_OPERATOR:
             kind = outcome.kind if isinstance(outcome, Paused) else "operator"
-            await events.emit("run_paused", kind=kind, code=doc.failure_code)
+            return events.draft("run_paused", kind=kind, code=failure_code)
         case _:
-            data: dict[str, object] = {"code": doc.failure_code, "error": doc.error}
+            data: dict[str, object] = {"code": failure_code, "error": error}
             if isinstance(outcome, Failed) and outcome.warning:
                 data["warning"] = outcome.warning
-            await events.emit("run_failed", **data)
+            return events.draft("run_failed", **data)
+
+
+async def write_settlement(
+    writer: FencedWriter,
+    events: EventLog,
+    settlement: Settlement,
+    outcome: Outcome,
+    *,
+    also: Sequence[EventDraft] = (),
+    release: bool = False,
+) -> RunDocument:
+    """The outcome's status (fenced) with its event, then `also`, in the same write. A pending
+    operator cancel beats every outcome but `finished` (the writer then writes `cancelled`,
+    with `run_cancelled` alone)."""
+    code, error = settlement.failure_code, settlement.error
+    said = status_event(events, settlement.status, outcome, code, error)
+    return await writer.write_status(
+        settlement.status, failure_code=code, error=error, events=[said, *also], release=release
+    )
 
 
 async def settle(writer: FencedWriter, events: EventLog, outcome: Outcome) -> RunDocument | None:
-    """Write the outcome's status (fenced) and its event. A pending operator cancel beats every
-    outcome but `finished` (the writer then writes `cancelled`)."""
+    """Write the outcome's status and its event (local executions)."""
     settlement = status_for(outcome)
     if settlement is None:
         return None
-    doc = await writer.write_status(
-        settlement.status, failure_code=settlement.failure_code, error=settlement.error
-    )
-    await emit_status_event(events, doc, outcome)
-    return doc
+    return await write_settlement(writer, events, settlement, outcome)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import nats.errors
@@ -52,6 +52,7 @@ from store import (
     LeaseFree,
     Ne,
     Origin,
+    Publication,
     RunDocument,
     RunNotFound,
     RunStatus,
@@ -92,6 +93,7 @@ class Publisher:
         self.settings = settings
         self.names = names or WireNames(settings.namespace)
         self.dlq = dlq
+        self._recording: set[asyncio.Task[None]] = set()
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -171,7 +173,7 @@ class Publisher:
         return ack
 
     async def record_publication(
-        self, run: RunDocument, ack: PubAck, *, sweep: int | None = None
+        self, run: RunDocument, ack: PubAck, *, sweep: int | None = None, at: datetime | None = None
     ) -> RunDocument | None:
         """Record the copy that carries the run (no version bump). Skipped when a claim already
         recorded its own delivery of this attempt, or the attempt moved on."""
@@ -183,7 +185,7 @@ class Publisher:
                     "publication": {
                         "attempt": run.attempt,
                         "stream_seq": ack.seq,
-                        "at": utcnow(),
+                        "at": at or utcnow(),
                         "msg_id": msg_id(run.run_id, run.attempt, sweep),
                     }
                 },
@@ -225,9 +227,14 @@ class Publisher:
             created_at=now,
             updated_at=now,
         )
+        # One awaited write: the document with `run_launched` and `run_queued` (issue 19
+        # lever 3); then one awaited publish.
         await self.store.create_run(
             doc,
-            first_event=EventDraft("run_launched", {"workflow": loaded.workflow.name}, attempt=1),
+            events=[
+                EventDraft("run_launched", {"workflow": loaded.workflow.name}, attempt=1),
+                EventDraft("run_queued", {"attempt": 1, "kind": "launch"}, attempt=1),
+            ],
         )
         try:
             ack = await self.publish(doc, "launch")
@@ -255,15 +262,38 @@ class Publisher:
                 attempt=1,
             )
             raise
-        # Independent writes, sent together (on SQLite they usually share one commit). The
-        # recorded document is the answer unless a claim recorded its delivery first.
-        recorded, _ = await asyncio.gather(
-            self.record_publication(doc, ack),
-            self.store.append_event(
-                doc.run_id, "run_queued", {"attempt": 1, "kind": "launch"}, attempt=1
-            ),
+        # The publication record is written without the producer waiting for it: the claim
+        # records its own delivery anyway, and if this write never lands (the producer dies, the
+        # store blips) the sweeper's missing-publication rule republishes with the original
+        # `Nats-Msg-Id`, which the dedupe window answers as this very copy (SPEC §5.7; the
+        # protocol model's `launch_record_lost` rule). `flush()` waits for these writes.
+        # The answer says which copy carries the run, as the record will once it lands.
+        at = utcnow()
+        self._record_later(doc, ack, at)
+        publication = Publication(
+            attempt=1, stream_seq=ack.seq, at=at, msg_id=msg_id(doc.run_id, 1)
         )
-        return recorded if recorded is not None else await self.store.get_run(doc.run_id)
+        return doc.model_copy(update={"publication": publication})
+
+    def _record_later(self, doc: RunDocument, ack: PubAck, at: datetime) -> None:
+        task = asyncio.get_running_loop().create_task(self._record_quietly(doc, ack, at))
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
+
+    async def _record_quietly(self, doc: RunDocument, ack: PubAck, at: datetime) -> None:
+        try:
+            await self.record_publication(doc, ack, at=at)
+        except Exception as exc:  # noqa: BLE001 - the sweeper records it (see `launch`)
+            log.warning(
+                "run %s: publication record not written (%r); the sweeper repairs it",
+                doc.run_id,
+                exc,
+            )
+
+    async def flush(self) -> None:
+        """Wait for the publication records `launch` left writing (before closing the store)."""
+        while self._recording:
+            await asyncio.gather(*list(self._recording), return_exceptions=True)
 
     # -- resume and replay --------------------------------------------------------------------
 

@@ -273,7 +273,13 @@ async def _execute(
     assert run.lease is not None
     cancel = CancelSignal()
     events = EventLog(
-        svc.store, run.run_id, run.attempt, run.lease.token, cancel, listener=svc.metrics.on_event
+        svc.store,
+        run.run_id,
+        run.attempt,
+        run.lease.token,
+        cancel,
+        listener=svc.metrics.on_event,
+        defer=True,  # narration rides with the state writes (issue 19, ADR-0014)
     )
     execution = Execution.claimed(svc.engine_env, run, cancel, events)
     started = time.monotonic()
@@ -282,6 +288,7 @@ async def _execute(
     try:
         async with HeldLease(svc, run, delivery, cancel) as held:
             events.deadline = held.keeper.seconds_left
+            execution.writer.on_release = held.keeper.stop
             outcome = await _run(svc, execution, path)
             plan = await dispose_outcome(svc, delivery, message, execution, events, outcome)
             await svc.delivery_log.disposed(

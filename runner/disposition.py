@@ -17,7 +17,7 @@ from engine.execution import Execution
 from engine.failures import FailureCode, rule_for
 from engine.fencing import LeaseLost
 from engine.outcome import CancelReason, Failed, Interrupted, Outcome
-from engine.settle import emit_status_event, status_for
+from engine.settle import status_for, write_settlement
 from publisher.wire import RunMessage
 from runner.delays import transient_delay
 from runner.deliveries import Delivery
@@ -37,6 +37,8 @@ class Plan:
     reason: str = ""
     record_id: int | None = None
     """The DLQ record of a parked run, for the delivery log (SPEC v2.2 §10b)."""
+    released: bool = False
+    """The status write dropped the lease too (nothing to tear down, ADR-0014)."""
 
 
 async def dispose_outcome(
@@ -53,6 +55,11 @@ async def dispose_outcome(
     plan = await _write_status(svc, delivery, execution, events, outcome)
     if plan.action == "none":
         await _teardown(svc, execution)
+        return plan
+    if plan.released:
+        # Status, events and release landed in one fenced write, and there is nothing to tear
+        # down (`Execution.teardown_is_empty`): the disposition follows at once (ADR-0014).
+        await _dispose(delivery, execution, plan)
         return plan
     if not await _teardown(svc, execution):
         return Plan("none", reason="unwind_ceiling")
@@ -71,6 +78,11 @@ async def dispose_outcome(
             # The lease was no longer ours to release: an adopter holds the run, and this
             # delivery's sequence is now its work. Fenced: no disposition (SPEC §5.4).
             return Plan("none", reason="lease_lost")
+    await _dispose(delivery, execution, plan)
+    return plan
+
+
+async def _dispose(delivery: Delivery, execution: Execution, plan: Plan) -> None:
     try:
         if plan.action == "nak":
             await delivery.nak(plan.delay)
@@ -78,7 +90,6 @@ async def dispose_outcome(
             await delivery.ack()
     except Exception as exc:  # noqa: BLE001 - redelivered after ack_wait, judged again
         log.warning("run %s: disposition %s not sent (%r)", execution.run_id, plan.action, exc)
-    return plan
 
 
 async def _teardown(svc: RunnerServices, execution: Execution) -> bool:
@@ -115,27 +126,20 @@ async def _write_status(
             doc = await writer.write_status(
                 settlement.status, failure_code=settlement.failure_code, error=settlement.error
             )
-            if doc.status is RunStatus.CANCELLED:
-                await events.emit("run_cancelled")
+            if doc.status is RunStatus.CANCELLED:  # `run_cancelled` rode with it
                 return Plan("ack", reason="cancelled")
             return Plan("handoff", reason="drain")
         if isinstance(outcome, Failed):
             rule = rule_for(outcome.code, bot_resumable=outcome.resumable)
             if rule.transient and not outcome.deliberate:
                 return await _transient(svc, delivery, execution, events, outcome)
-            doc = await writer.write_status(
-                settlement.status, failure_code=settlement.failure_code, error=settlement.error
-            )
-            await emit_status_event(events, doc, outcome)
-            if doc.status is not RunStatus.CANCELLED:
-                reason = "deliberate" if outcome.deliberate else str(rule.klass)
-                await events.emit("run_retry_skipped", reason=reason, code=outcome.code)
+            reason = "deliberate" if outcome.deliberate else str(rule.klass)
+            skipped = events.draft("run_retry_skipped", reason=reason, code=outcome.code)
+            doc = await write_settlement(writer, events, settlement, outcome, also=[skipped])
             return Plan("ack", reason=reason_for(doc))
-        doc = await writer.write_status(
-            settlement.status, failure_code=settlement.failure_code, error=settlement.error
-        )
-        await emit_status_event(events, doc, outcome)
-        return Plan("ack", reason=reason_for(doc))
+        release = execution.teardown_is_empty()
+        doc = await write_settlement(writer, events, settlement, outcome, release=release)
+        return Plan("ack", reason=reason_for(doc), released=release)
     except LeaseLost:
         return Plan("none", reason="lease_lost")
     except Exception as exc:  # noqa: BLE001 - see below: an unwritten status is a nak
@@ -173,15 +177,17 @@ async def _transient(
         svc.settings.transient_delay,
         svc.settings.transient_delay_cap,
     )
-    doc = await writer.write_status(
-        RunStatus.FAILED_RESUMABLE, failure_code=outcome.code, error=outcome.error
-    )
-    if doc.status is RunStatus.CANCELLED:
-        await events.emit("run_cancelled")
-        return Plan("ack", reason="cancelled")
-    await events.emit(
+    scheduled = events.draft(
         "run_retry_scheduled", code=outcome.code, delay=delay, delivery=info.num_delivered
     )
+    doc = await writer.write_status(
+        RunStatus.FAILED_RESUMABLE,
+        failure_code=outcome.code,
+        error=outcome.error,
+        events=[scheduled],
+    )
+    if doc.status is RunStatus.CANCELLED:  # `run_cancelled` rode instead
+        return Plan("ack", reason="cancelled")
     return Plan("nak", delay, reason="transient")
 
 
@@ -201,8 +207,7 @@ async def _park(
     info = delivery.info
     current = await svc.store.get_run(execution.run_id)
     if current.cancel_requested:  # an operator's cancel beats the outcome: no record at all
-        await writer.write_cancelled()
-        await events.emit("run_cancelled")
+        await writer.write_cancelled()  # `run_cancelled` rides with it
         return Plan("ack", reason="cancelled")
     record = await svc.dlq.put(
         seq=info.stream_seq,
@@ -215,22 +220,22 @@ async def _park(
         num_delivered=info.num_delivered,
         runner=svc.owner,
     )
+    parked = events.draft("run_dlq_parked", reason=record.reason, record_id=record.id)
     try:
         doc = await writer.write_status(
             RunStatus.FAILED_RESUMABLE,
             failure_code=FailureCode.DLQ_PARKED,
             error=outcome.error,
             cause_code=outcome.code,
+            events=[parked],
         )
     except BaseException:
         await _withdraw(svc, record.id)
         raise
-    if doc.status is RunStatus.CANCELLED:
+    if doc.status is RunStatus.CANCELLED:  # `run_cancelled` rode instead
         await _withdraw(svc, record.id)
-        await events.emit("run_cancelled")
         return Plan("ack", reason="cancelled")
     svc.metrics.dlq_records.labels(reason=record.reason).inc()
-    await events.emit("run_dlq_parked", reason=record.reason, record_id=record.id)
     return Plan("ack", reason="dlq_parked", record_id=record.id)
 
 

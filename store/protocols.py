@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from store.cas import CasConflict, Condition, Update
+from store.cas import CasConflict, Condition, Update, to_storage
 from store.models import (
     Event,
     Interaction,
@@ -55,6 +55,21 @@ class EventDraft:
     attempt: int | None = None
     execution: str | None = None
 
+    def stored(self, run_id: str, seq: int, at_ms: int) -> dict[str, Any]:
+        """The event in storage form, without building the model: the same dict `encode` makes
+        of `event(...)` (a test holds them equal)."""
+        if not self.type:
+            raise ValueError("an event needs a type")
+        return {
+            "run_id": run_id,
+            "seq": seq,
+            "type": self.type,
+            "attempt": self.attempt,
+            "execution": self.execution,
+            "at": at_ms,
+            "data": to_storage(self.data),
+        }
+
     def event(self, run_id: str, seq: int, at: datetime) -> Event:
         return Event(
             run_id=run_id,
@@ -77,12 +92,12 @@ class RunPage:
 @runtime_checkable
 class RunStore(Protocol):
     async def create_run(
-        self, doc: RunDocument, *, first_event: EventDraft | None = None
+        self, doc: RunDocument, *, events: Sequence[EventDraft] = ()
     ) -> RunDocument:
         """Insert a new run. Create-only: an existing `run_id` raises `RunAlreadyExists` and
-        leaves the existing document untouched. `first_event` is appended right after the run
-        is created (in the same transaction where the store has them), never when it is
-        refused: a launch's `run_launched` costs no extra round trip."""
+        leaves the existing document untouched. `events` (seq 1, 2, ...) ride with the insert:
+        in its transaction on SQLite, right after it on MongoDB, never when it is refused. A
+        launch's `run_launched` and `run_queued` cost no round trip of their own."""
         ...
 
     async def get_run(self, run_id: str) -> RunDocument:
@@ -91,11 +106,20 @@ class RunStore(Protocol):
         ...
 
     async def update_run(
-        self, run_id: str, conditions: Sequence[Condition], update: Update
+        self,
+        run_id: str,
+        conditions: Sequence[Condition],
+        update: Update,
+        *,
+        events: Sequence[EventDraft] = (),
     ) -> RunDocument | CasConflict:
         """Compare-and-set: when every condition holds, apply `update` atomically and return
         the new document; otherwise return `CasConflict` with the current document. A status
-        write must expect a status and be legal in the status table (`IllegalTransition`)."""
+        write must expect a status and be legal in the status table (`IllegalTransition`).
+
+        `events` are the events the write describes (SPEC §6.3, issue 19 lever 1): appended,
+        gap-free and in order, only when the write lands — in the same transaction on SQLite;
+        on MongoDB the document write, then one `insert_many`. A refused write appends none."""
         ...
 
     async def list_runs(self, query: RunQuery) -> RunPage:

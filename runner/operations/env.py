@@ -91,15 +91,19 @@ class Env:
         nc, js = await connect(wire, name=self.client)
         try:
             names = WireNames(wire.namespace)
-            with nats_boundary():
-                yield Publisher(
-                    store=self.store,
-                    nc=nc,
-                    js=js,
-                    settings=wire,
-                    names=names,
-                    dlq=DlqStore(js, names, self.blobs),
-                )
+            publisher = Publisher(
+                store=self.store,
+                nc=nc,
+                js=js,
+                settings=wire,
+                names=names,
+                dlq=DlqStore(js, names, self.blobs),
+            )
+            try:
+                with nats_boundary():
+                    yield publisher
+            finally:
+                await publisher.flush()  # the launches' publication records, before the store
         finally:
             await nc.close()
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 
 from pymongo import ASCENDING, DESCENDING
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from store.codec import decode, encode
 from store.errors import StoreUnavailable
@@ -14,6 +15,7 @@ from store.events import AppendsDrafts
 from store.models import Event
 from store.mongo.connection import Doc, MongoConnection
 from store.protocols import EventDraft
+from store.timeutil import to_ms
 
 _APPEND_TRIES = 200
 _SEQ_ONLY = {"_id": 0, "seq": 1}
@@ -53,6 +55,46 @@ class MongoEvents(AppendsDrafts, MongoConnection):
         raise StoreUnavailable(
             f"{self._label}: event append for run {run_id!r} lost {_APPEND_TRIES} races in a row"
         )
+
+    async def _append_drafts(self, run_id: str, drafts: Sequence[EventDraft], at: datetime) -> None:
+        """Several events in one `insert_many` (ordered), numbered from the last seq this process
+        saw. A collision (another process appended meanwhile) stops the ordered insert; the
+        drafts that did not land then go one by one through `_append_draft`, which re-reads
+        `max(seq)`: still gap-free and in order. The `_id`s are fixed first, so a retried insert
+        that landed is found, not appended twice."""
+        if len(drafts) <= 1:
+            for draft in drafts:
+                await self._append_draft(run_id, draft, at)
+            return
+        recent = self._recent.get(run_id)
+        ids = [uuid.uuid4().hex for _ in drafts]
+        at_ms = to_ms(at)
+        async with recent.lock:
+            if recent.last_seq is None:
+                flt, order = {"run_id": run_id}, [("seq", DESCENDING)]
+                top = await self._find("read max seq", self._events, flt, order, 1, _SEQ_ONLY)
+                recent.last_seq = int(top[0]["seq"]) if top else 0
+            first = recent.last_seq + 1
+            docs = [
+                {**draft.stored(run_id, first + i, at_ms), "_id": ids[i]}
+                for i, draft in enumerate(drafts)
+            ]
+            try:
+                await self._io("append events", self._events.insert_many, docs)
+            except (BulkWriteError, DuplicateKeyError):
+                landed = {
+                    raw["_id"]
+                    for raw in await self._find(
+                        "re-read events", self._events, {"_id": {"$in": ids}}, [], len(ids)
+                    )
+                }
+                recent.last_seq = None
+            else:
+                recent.last_seq = first + len(drafts) - 1
+                return
+        for event_id, draft in zip(ids, drafts, strict=True):
+            if event_id not in landed:
+                await self._append_draft(run_id, draft, at)
 
     def _event(self, raw: Doc) -> Event:
         ident = f"{raw.get('run_id')}#{raw.get('seq')}"

@@ -57,12 +57,12 @@ class MongoRunStore(MongoEvents, MongoRecords):
         return decode(RunDocument, raw, what="run", ident=str(raw.get("_id")))
 
     async def create_run(
-        self, doc: RunDocument, *, first_event: EventDraft | None = None
+        self, doc: RunDocument, *, events: Sequence[EventDraft] = ()
     ) -> RunDocument:
         if not await self._insert("create run", self._runs, {**encode(doc), "_id": doc.run_id}):
             raise RunAlreadyExists(f"run {doc.run_id!r} already exists")
-        if first_event is not None:  # single-document operations: the append follows
-            await self._append_draft(doc.run_id, first_event, utcnow())
+        # Single-document operations: the events follow the insert (one `insert_many`).
+        await self._append_drafts(doc.run_id, events, utcnow())
         return doc
 
     async def get_run(self, run_id: str) -> RunDocument:
@@ -72,6 +72,20 @@ class MongoRunStore(MongoEvents, MongoRecords):
         return self._run(raw)
 
     async def update_run(
+        self,
+        run_id: str,
+        conditions: Sequence[Condition],
+        update: Update,
+        *,
+        events: Sequence[EventDraft] = (),
+    ) -> RunDocument | CasConflict:
+        written = await self._cas(run_id, conditions, update)
+        if not isinstance(written, CasConflict):
+            # Single-document operations: the write's events follow it (one `insert_many`).
+            await self._append_drafts(run_id, events, utcnow())
+        return written
+
+    async def _cas(
         self, run_id: str, conditions: Sequence[Condition], update: Update
     ) -> RunDocument | CasConflict:
         """Judge on a fresh read, validate the result, then write only if the document is still

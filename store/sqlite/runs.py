@@ -19,7 +19,7 @@ from store.codec import decode, encode
 from store.errors import RunAlreadyExists, RunNotFound
 from store.models import RunDocument, RunStatus
 from store.protocols import EventDraft, RunPage, RunQuery
-from store.sqlite.events import SqliteEvents, append
+from store.sqlite.events import SqliteEvents, append_drafts
 from store.sqlite.records import SqliteRecords
 from store.sqlite.schema import changed_columns, column_value, dumps, loads, run_columns
 from store.timeutil import to_ms, utcnow
@@ -33,10 +33,10 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
     """The `RunStore` protocol on one SQLite file."""
 
     async def create_run(
-        self, doc: RunDocument, *, first_event: EventDraft | None = None
+        self, doc: RunDocument, *, events: Sequence[EventDraft] = ()
     ) -> RunDocument:
         stored = encode(doc)
-        at = utcnow()
+        at_ms = to_ms(utcnow())
 
         def insert(conn: sqlite3.Connection) -> None:
             try:
@@ -48,8 +48,7 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
                 )
             except sqlite3.IntegrityError as exc:
                 raise RunAlreadyExists(f"run {doc.run_id!r} already exists") from exc
-            if first_event is not None:
-                append(conn, doc.run_id, first_event, at)
+            append_drafts(conn, doc.run_id, events, at_ms)
 
         await self._write(insert)
         return doc
@@ -63,7 +62,12 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         return _run(row[0], run_id)
 
     async def update_run(
-        self, run_id: str, conditions: Sequence[Condition], update: Update
+        self,
+        run_id: str,
+        conditions: Sequence[Condition],
+        update: Update,
+        *,
+        events: Sequence[EventDraft] = (),
     ) -> RunDocument | CasConflict:
         check_update(conditions, update)
         columns = changed_columns(update)
@@ -78,11 +82,13 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
             current = loads(row[0], "run", run_id)
             if not matches(current, conditions):
                 return CasConflict(decode(RunDocument, current, what="run", ident=run_id))
-            new = apply_update(current, update, to_ms(utcnow()))
+            now_ms = to_ms(utcnow())
+            new = apply_update(current, update, now_ms)
             # Validated before writing (a write that would store an invalid run is refused),
             # and that model is the answer: the document is not parsed twice.
             doc = decode(RunDocument, new, what="run update", ident=run_id)
             conn.execute(sql, (*(column_value(new, c) for c in columns), dumps(new), run_id))
+            append_drafts(conn, run_id, events, now_ms)
             return doc
 
         return await self._write(cas)

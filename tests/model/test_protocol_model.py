@@ -99,7 +99,7 @@ import tarfile
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -166,6 +166,7 @@ from store import (
     Condition,
     Eq,
     Event,
+    EventDraft,
     Refusal,
     RunDocument,
     RunStatus,
@@ -469,7 +470,12 @@ class WatchedStore:
         return await self.inner.get_run(run_id)
 
     async def update_run(
-        self, run_id: str, conditions: list[Condition], update: Update
+        self,
+        run_id: str,
+        conditions: list[Condition],
+        update: Update,
+        *,
+        events: Sequence[EventDraft] = (),
     ) -> RunDocument | CasConflict:
         await gate(f"update_run {_describe(update)}")
         point = _store_point(update)
@@ -477,9 +483,13 @@ class WatchedStore:
         if point is not None and lost is False:
             raise self._error(point, _describe(update))
         pre = await self.inner.get_run(run_id)
-        result = await self.inner.update_run(run_id, conditions, update)
+        seen = len(await self.inner.read_events(run_id, 0, 100_000)) if events else 0
+        result = await self.inner.update_run(run_id, conditions, update, events=events)
         if not isinstance(result, CasConflict):
             self.model.on_write(ACTOR.get(), pre, list(conditions), update, result)
+            # The events that rode with the write are judged like appended ones (issue 19).
+            for ev in await self.inner.read_events(run_id, seen, 100_000) if events else []:
+                self.model.on_event(ACTOR.get(), ev)
         if point is not None and lost:
             raise self._error(point, f"reply lost: {_describe(update)}")
         return result
@@ -1035,6 +1045,14 @@ class ProtocolModel(RuleBasedStateMachine):
         self.generation = [0] * RUNNERS
         self.runners = [self._services(f"runner{i}.0") for i in range(RUNNERS)]
         self.ops = self._services("ops")
+        # The launch leaves its publication record to be written without waiting (issue 19
+        # lever 3): the `launch_record` rule decides whether it ever lands.
+        self.pending_record: tuple[RunDocument, Any, datetime] | None = None
+
+        def hold(doc: RunDocument, ack: Any, at: datetime) -> None:
+            self.pending_record = (doc, ack, at)
+
+        self.ops.publisher._record_later = hold  # type: ignore[method-assign]
         launched = self.run(self.ops.publisher.launch(V1, {}, tenant="default"))
         self.run_id = launched.run_id
         self.last_doc = self.prev_doc = self.run(self.raw.get_run(self.run_id))
@@ -1725,6 +1743,22 @@ class ProtocolModel(RuleBasedStateMachine):
                 if cancel is not None and doc.cancel_requested:
                     cancel.cancel(CancelReason.OPERATOR)
                     _seen("control signal")
+
+    @precondition(lambda self: self.pending_record is not None)
+    @rule(lands=st.booleans())
+    def launch_record(self, lands: bool) -> None:
+        """The launch's publication record, written after the launch returned, lands now — or
+        never (the producer died first): the claim records its own delivery, and the sweeper's
+        missing-publication rule republishes under the original `Nats-Msg-Id`, which the
+        dedupe window answers as the same copy. Neither strands nor doubles the run."""
+        assert self.pending_record is not None
+        doc, ack, at = self.pending_record
+        self.pending_record = None
+        if lands:
+            self.run(self.ops.publisher.record_publication(doc, ack, at=at))
+            _seen("launch record: landed late")
+        else:
+            _seen("launch record: never written")
 
     @rule()
     def consumer_leader_change(self) -> None:

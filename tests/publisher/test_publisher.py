@@ -147,9 +147,12 @@ async def test_launch_records_the_publication_without_bumping_the_version(
     publisher: Publisher, run_store: RunStore
 ):
     run = await publisher.launch(example("hello.yaml"), {}, tenant="default")
+    # The record is written without the launch waiting for it (issue 19 lever 3).
+    await publisher.flush()
+    stored = await run_store.get_run(run.run_id)
     # create → version 1; the publication write does not bump it (SPEC §2).
-    assert run.version == 1
-    assert run.publication is not None and run.publication.stream_seq is not None
+    assert stored.version == 1 and stored.publication == run.publication
+    assert stored.publication is not None and stored.publication.stream_seq is not None
 
 
 async def test_launch_with_an_existing_id_is_refused_and_the_existing_run_untouched(
@@ -161,6 +164,7 @@ async def test_launch_with_an_existing_id_is_refused_and_the_existing_run_untouc
     with pytest.raises(RunAlreadyExists):
         await publisher.launch(example("approval.yaml"), {}, tenant="default", run_id="fixed-1")
 
+    await publisher.flush()
     after = await run_store.get_run("fixed-1")
     assert after == first
     assert (after.version, after.status, after.workflow.name) == (1, RunStatus.QUEUED, "hello")
@@ -685,7 +689,11 @@ async def test_a_launch_whose_publish_fails_ends_failed_launch_failed(
     assert run.error
     assert run.attempt == 1
     assert run.publication is None
-    assert await event_types(run_store, "launch-fails") == ["run_launched", "run_failed"]
+    assert await event_types(run_store, "launch-fails") == [
+        "run_launched",
+        "run_queued",
+        "run_failed",
+    ]
 
 
 # -- duplicates -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import asyncio
 import signal
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from runner.deliveries import Delivery
 from runner.delivery import handle
@@ -82,9 +83,9 @@ class SilencedAfterClaim(GatedStore):
     (before its first lease refresh, so before its first working ack)."""
 
     async def update_run(
-        self, run_id: str, conditions: Sequence[Condition], update: Update
+        self, run_id: str, conditions: Sequence[Condition], update: Update, **kw: Any
     ) -> RunDocument | CasConflict:
-        result = await super().update_run(run_id, conditions, update)
+        result = await super().update_run(run_id, conditions, update, **kw)
         if isinstance(result, RunDocument) and "lease" in update.set:
             self.shut()
         return result

@@ -193,7 +193,7 @@ class WatchedStore:
         return getattr(self.inner, name)
 
     async def update_run(
-        self, run_id: str, conditions: list[Condition], update: Update
+        self, run_id: str, conditions: list[Condition], update: Update, **kw: Any
     ) -> RunDocument | CasConflict:
         if update.set.get("failure_code") == "DLQ_PARKED":
             current = await self.inner.get_run(run_id)
@@ -203,7 +203,7 @@ class WatchedStore:
                 self.record_before_park.append(True)
             except RecordNotFound:
                 self.record_before_park.append(False)
-        return await self.inner.update_run(run_id, conditions, update)
+        return await self.inner.update_run(run_id, conditions, update, **kw)
 
 
 async def test_transient_code_at_the_last_delivery_is_dead_lettered_before_it_parks(
@@ -383,12 +383,12 @@ class FailingStatusWrite:
         return getattr(self.inner, name)
 
     async def update_run(
-        self, run_id: str, conditions: list[Condition], update: Update
+        self, run_id: str, conditions: list[Condition], update: Update, **kw: Any
     ) -> RunDocument | CasConflict:
         if update.set.get("status") == S.FINISHED and not self.failed:
             self.failed += 1
             raise StoreUnavailable("the store is down for a moment")
-        return await self.inner.update_run(run_id, conditions, update)
+        return await self.inner.update_run(run_id, conditions, update, **kw)
 
 
 async def test_store_unreachable_at_the_status_write_is_nakd_never_termed(

@@ -64,12 +64,12 @@ class GatedStore:
         return True
 
     async def update_run(
-        self, run_id: str, conditions: Sequence[Condition], update: Update
+        self, run_id: str, conditions: Sequence[Condition], update: Update, **kw: Any
     ) -> RunDocument | CasConflict:
         self.in_flight += 1
         try:
             late = await self._pass()
-            result = await self.inner.update_run(run_id, conditions, update)
+            result = await self.inner.update_run(run_id, conditions, update, **kw)
         finally:
             self.in_flight -= 1
         if late:

@@ -79,12 +79,12 @@ class Seam:
         return getattr(self.inner, name)
 
     async def update_run(
-        self, run_id: str, conditions: list[Condition], update: Update
+        self, run_id: str, conditions: list[Condition], update: Update, **kw: Any
     ) -> RunDocument | CasConflict:
         error = self.on_update(run_id, update)
         if error is not None:
             raise error
-        result = await self.inner.update_run(run_id, conditions, update)
+        result = await self.inner.update_run(run_id, conditions, update, **kw)
         if self.after_update is not None:
             await self.after_update(run_id, update, result)
         return result
@@ -291,12 +291,12 @@ async def test_last_delivery_transient_that_meets_a_pending_cancel_leaves_no_rep
     original = seam.update_run
 
     async def update_run(
-        run_id: str, conditions: list[Condition], update: Update
+        run_id: str, conditions: list[Condition], update: Update, **kw: Any
     ) -> RunDocument | CasConflict:
         if update.set.get("failure_code") == "DLQ_PARKED" and not fired:
             fired.append(True)
             await inner.update_run(run_id, [], Update(set={"cancel_requested": True}))
-        return await original(run_id, conditions, update)
+        return await original(run_id, conditions, update, **kw)
 
     seam.update_run = update_run  # type: ignore[method-assign]
     gates = tmp_path / "gates"

@@ -40,7 +40,7 @@ from store.models import (
 )
 from store.protocols import EventDraft, RunQuery, RunStore
 from store.sqlite import SqliteRunStore
-from store.timeutil import utcnow
+from store.timeutil import to_ms, utcnow
 
 if TYPE_CHECKING:
     from tests.store.conftest import Backend, MakeRun
@@ -86,24 +86,73 @@ async def test_create_only_refuses_an_existing_id(run_store: RunStore, make_run:
     assert await run_store.get_run(original.run_id) == original
 
 
-async def test_create_with_a_first_event_appends_it_after_the_run_and_never_on_refusal(
+async def test_events_ride_with_the_create_in_order_and_never_on_refusal(
     run_store: RunStore, make_run: MakeRun
 ):
     run = make_run()
-    draft = EventDraft("run_launched", {"workflow": "hello"}, attempt=1)
-    await run_store.create_run(run, first_event=draft)
-    [event] = await run_store.read_events(run.run_id)
-    assert (event.seq, event.type, event.data, event.attempt) == (
-        1,
-        "run_launched",
-        {"workflow": "hello"},
-        1,
-    )
+    drafts = [
+        EventDraft("run_launched", {"workflow": "hello"}, attempt=1),
+        EventDraft("run_queued", {"attempt": 1, "kind": "launch"}, attempt=1),
+    ]
+    await run_store.create_run(run, events=drafts)
+    got = await run_store.read_events(run.run_id)
+    assert [(e.seq, e.type, e.data, e.attempt) for e in got] == [
+        (1, "run_launched", {"workflow": "hello"}, 1),
+        (2, "run_queued", {"attempt": 1, "kind": "launch"}, 1),
+    ]
     with pytest.raises(RunAlreadyExists):
-        await run_store.create_run(run, first_event=EventDraft("run_launched", {}, attempt=1))
-    assert [e.seq for e in await run_store.read_events(run.run_id)] == [1]
-    appended = await run_store.append_event(run.run_id, "run_queued", {}, attempt=1)
-    assert appended.seq == 2
+        await run_store.create_run(run, events=[EventDraft("run_launched", {}, attempt=1)])
+    assert [e.seq for e in await run_store.read_events(run.run_id)] == [1, 2]
+    appended = await run_store.append_event(run.run_id, "run_claimed", {}, attempt=1)
+    assert appended.seq == 3
+
+
+async def test_events_ride_with_the_state_write_they_describe_gap_free_and_only_when_it_lands(
+    run_store: RunStore, make_run: MakeRun
+):
+    """Issue 19 lever 1 (SPEC §6.3): `update_run(..., events=...)` appends the write's events
+    with it, after any appended before, and a refused write appends none."""
+    now = datetime.now(UTC)
+    run = make_run(status=RunStatus.QUEUED)
+    await run_store.create_run(run, events=[EventDraft("run_launched", {}, attempt=1)])
+    conds, update = claim(now, "tok-1")
+    claimed = await run_store.update_run(
+        run.run_id,
+        conds,
+        update,
+        events=[EventDraft("run_claimed", {"path": "fresh"}, attempt=1, execution="tok-1")],
+    )
+    assert isinstance(claimed, RunDocument) and claimed.status is RunStatus.RUNNING
+    lost = await run_store.update_run(
+        run.run_id, conds, update, events=[EventDraft("run_claimed", {}, attempt=1)]
+    )
+    assert isinstance(lost, CasConflict)
+    await run_store.append_event(run.run_id, "node_started", {"node": "a"}, attempt=1)
+    done = await run_store.update_run(
+        run.run_id,
+        [Eq("lease.token", "tok-1"), Eq("status", RunStatus.RUNNING)],
+        Update(set={"status": RunStatus.FINISHED}, unset=["lease"]),
+        events=[
+            EventDraft("node_finished", {"node": "a"}, attempt=1, execution="tok-1"),
+            EventDraft("run_finished", {}, attempt=1, execution="tok-1"),
+        ],
+    )
+    assert isinstance(done, RunDocument) and done.lease is None
+    got = await run_store.read_events(run.run_id)
+    assert [(e.seq, e.type) for e in got] == [
+        (1, "run_launched"),
+        (2, "run_claimed"),
+        (3, "node_started"),
+        (4, "node_finished"),
+        (5, "run_finished"),
+    ]
+    assert (got[1].execution, got[1].data) == ("tok-1", {"path": "fresh"})
+
+
+def test_a_drafts_storage_form_is_what_encoding_its_event_gives():
+    at = datetime(2026, 12, 1, 12, 0, 0, 123_000, tzinfo=UTC)
+    draft = EventDraft("node_finished", {"node": "a", "when": at}, attempt=2, execution="t")
+    assert draft.stored("r1", 7, to_ms(at)) == encode(draft.event("r1", 7, at))
 
 
 async def test_create_and_get_round_trip_datetimes_as_aware_utc_at_ms_precision(

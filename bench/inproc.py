@@ -1,0 +1,89 @@
+"""One runner in this process, draining a launched backlog: runner CPU per run and store calls
+per run, fast enough to measure a change in seconds (the profile loop of issue 19).
+
+    python -m bench.inproc [--runs N] [--slots S] [--launch-concurrency C]
+
+Launch first (timed: one awaited producer, or C of them), then start one in-process runner and
+time the drain. CPU is this process's (`time.process_time`, all threads) over the drain only, so
+it is the runner's: the NATS server is another process. Not a capacity figure (one process, one
+core's worth): `bench.throughput` is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from bench.common import ONE_NODE, QUICK_LEASE, Bench, CountingStore, launch_many, loaded, run_main
+
+
+async def main(args: argparse.Namespace) -> int:
+    from engine.config import EngineSettings
+    from engine.sandbox.local import LocalSandboxDriver
+    from publisher import Publisher
+    from runner.config import RunnerSettings
+    from runner.runner import Runner
+    from store.blobs_fs import FilesystemBlobStore
+    from store.sqlite import SqliteRunStore
+
+    async with Bench("inproc", lease=QUICK_LEASE) as bench:
+        rnd = await bench.new_round("inproc")
+        assert bench.nc is not None and bench.js is not None
+        wrap = CountingStore if args.count else (lambda inner: inner)
+        pub_store = wrap(rnd.store)
+        publisher = Publisher(
+            store=pub_store,  # type: ignore[arg-type]
+            nc=bench.nc, js=bench.js, settings=rnd.wire, names=rnd.names,
+        )  # fmt: skip
+        runner_store = wrap(await SqliteRunStore.open(rnd.db_path))
+        blobs = FilesystemBlobStore(rnd.dir / "blobs")
+        runner = Runner(
+            store=runner_store,  # type: ignore[arg-type]
+            driver=LocalSandboxDriver(rnd.dir / "data"),
+            data_dir=rnd.dir / "data",
+            blobs=blobs,
+            settings=RunnerSettings(
+                slots=args.slots, http_host="127.0.0.1", sweeper=False, backstop=False
+            ),
+            engine=EngineSettings(),
+            wire=rnd.wire,
+            owner="bench-inproc",
+        )
+        n = args.runs
+        t0, c0 = time.perf_counter(), time.process_time()
+        await launch_many(publisher, loaded(ONE_NODE), n, concurrency=args.launch_concurrency)
+        launch_s, launch_cpu = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
+        await runner.start()
+        await rnd.wait_finished(n, within=max(120.0, n / 5), every=0.02)
+        drain_s, drain_cpu = time.perf_counter() - t0, time.process_time() - c0
+        await runner.shutdown()
+        await runner_store.close()
+        await blobs.close()
+        await bench.end_round(rnd)
+        print(
+            f"launch: {n / launch_s:,.0f} runs/s, {launch_cpu / n * 1e3:.2f} ms CPU/run"
+            f" (publisher side)\ndrain:  {n / drain_s:,.0f} runs/s,"
+            f" {drain_cpu / n * 1e3:.2f} ms CPU/run (runner side, incl. the poller)"
+        )
+        for side, store in (("publisher", pub_store), ("runner", runner_store)):
+            if not isinstance(store, CountingStore):
+                continue
+            calls = {k: v.calls / n for k, v in sorted(store.ops.items()) if k != "close"}
+            writes = sum(v for k, v in calls.items() if k in CountingStore.WRITES)
+            shown = ", ".join(f"{k} {v:.2f}" for k, v in calls.items())
+            print(f"{side}: {writes:.2f} writes/run ({shown})")
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=2000)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--launch-concurrency", type=int, default=1)
+    ap.add_argument(
+        "--no-count", dest="count", action="store_false", help="no counting wrapper (its cost)"
+    )
+    args = ap.parse_args()
+    run_main(lambda: main(args))
