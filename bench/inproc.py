@@ -12,10 +12,29 @@ core's worth): `bench.throughput` is.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import os
+import threading
 import time
+from pathlib import Path
 
 from bench.common import ONE_NODE, QUICK_LEASE, Bench, CountingStore, launch_many, loaded, run_main
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) per thread of this process, by thread name, from /proc
+    (threads of one name summed: each SQLite store has its own thread, named by its file)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    names = {t.native_id: t.name.split("-")[0] for t in threading.enumerate()}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = names.get(int(task.name), "other")
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -54,10 +73,12 @@ async def main(args: argparse.Namespace) -> int:
         t0, c0 = time.perf_counter(), time.process_time()
         await launch_many(publisher, loaded(ONE_NODE), n, concurrency=args.launch_concurrency)
         launch_s, launch_cpu = time.perf_counter() - t0, time.process_time() - c0
+        threads0 = _thread_cpu()
         t0, c0 = time.perf_counter(), time.process_time()
         await runner.start()
         await rnd.wait_finished(n, within=max(120.0, n / 5), every=0.02)
         drain_s, drain_cpu = time.perf_counter() - t0, time.process_time() - c0
+        threads1 = _thread_cpu()
         await runner.shutdown()
         await runner_store.close()
         await blobs.close()
@@ -67,6 +88,12 @@ async def main(args: argparse.Namespace) -> int:
             f" (publisher side)\ndrain:  {n / drain_s:,.0f} runs/s,"
             f" {drain_cpu / n * 1e3:.2f} ms CPU/run (runner side, incl. the poller)"
         )
+        split = {
+            name: (cpu - threads0.get(name, 0.0)) / n * 1e3
+            for name, cpu in threads1.items()
+            if cpu - threads0.get(name, 0.0) > 0
+        }
+        print("drain CPU by thread, ms/run: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
         for side, store in (("publisher", pub_store), ("runner", runner_store)):
             if not isinstance(store, CountingStore):
                 continue

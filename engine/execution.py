@@ -99,11 +99,13 @@ class Execution(RunStops, NodeRuns):
         self.checkpoint = (
             run.checkpoint.model_copy(deep=True) if run.checkpoint is not None else Checkpoint()
         )
-        self.workspace = data_dir / "work" / run.run_id / token
-        self.scratch = data_dir / "scratch" / run.run_id
+        # One join each (a `Path` per `/` was a measurable share of a claim, issue 19).
+        self.workspace = data_dir.joinpath("work", run.run_id, token)
+        self.scratch = data_dir.joinpath("scratch", run.run_id)
         self.attached = attachments.RunAttachments(
-            run, driver, blobs, data_dir / "attachments" / run.run_id / token
+            run, driver, blobs, data_dir.joinpath("attachments", run.run_id, token)
         )
+        self._workspace_made = False
         self._sandbox: Sandbox | None = None
         self._workflow: Workflow | None = None
         self.host_backed = (
@@ -186,7 +188,7 @@ class Execution(RunStops, NodeRuns):
             self._sandbox is None
             and self.run_doc.scratch is None
             and not self.scratch_marked
-            and not self.workspace.exists()
+            and not self._workspace_made
         )
 
     async def _stop_sandbox(self) -> None:
@@ -339,6 +341,7 @@ class Execution(RunStops, NodeRuns):
 
     async def _ensure_sandbox(self) -> Sandbox:
         if self._sandbox is None:
+            self._workspace_made = True
             self.workspace.mkdir(parents=True, exist_ok=True)
             self.scratch.mkdir(parents=True, exist_ok=True)
             seeded = await self.attached.prepare(self.workflow.sandbox.driver, self.events)

@@ -20,6 +20,7 @@ with a line instead of an `EXPRESSION_FAILED` an hour into a run.
 from __future__ import annotations
 
 import ast
+import threading
 import types
 from collections.abc import Callable, Mapping
 from functools import lru_cache
@@ -202,13 +203,28 @@ class _Evaluator(EvalWithCompoundTypes):  # type: ignore[misc]
         )
 
 
+_LOCAL = threading.local()
+
+
+def _evaluator(names: dict[str, Any]) -> _Evaluator:
+    """This thread's evaluator with `names` in place. Building one (simpleeval's operator and
+    node tables) cost more than evaluating a typical expression (issue 19's profile); `eval`
+    resets its per-run state, and evaluation never awaits, so one per thread is never shared
+    between two evaluations at once."""
+    evaluator: _Evaluator | None = getattr(_LOCAL, "evaluator", None)
+    if evaluator is None:
+        evaluator = _LOCAL.evaluator = _Evaluator({})
+    evaluator.names = names
+    return evaluator
+
+
 def evaluate(expr: str, context: Mapping[str, Any]) -> Any:
     """The value of `expr` over `context`; any failure is an `ExpressionError` naming `expr`."""
     try:
         tree = _parse(expr)
     except SyntaxError as exc:
         raise ExpressionError(expr, f"syntax error: {exc.msg}") from exc
-    evaluator = _Evaluator(dict(context))
+    evaluator = _evaluator(dict(context))
     try:
         return evaluator.eval(expr, previously_parsed=tree.body)
     except InvalidExpression as exc:

@@ -70,7 +70,12 @@ class NodeRuns:
             else:
                 await self.events.emit("node_started", node=node_id)
             started = time.monotonic()
-            result = await self._race(self._execute(node_id))
+            if isinstance(node, ComputeNode):
+                # Never suspends (expressions over the checkpoint), so there is nothing to race:
+                # a cancel is seen at the next boundary. Two tasks per node saved (issue 19).
+                result = None if self.cancel.is_set else await self._execute(node_id)
+            else:
+                result = await self._race(self._execute(node_id))
             cp.usage.elapsed += time.monotonic() - started
             cp.usage.iterations += 1
             if result is None:

@@ -238,9 +238,9 @@ async def _admit(
         await svc.delivery_log.disposed(delivery, "ack", "refused_answer")
         return None
     if isinstance(claimed, CasConflict):
-        svc.metrics.claims.labels(path=decision.path, outcome="lost").inc()
+        svc.metrics.child(svc.metrics.claims, decision.path, "lost").inc()
         return "again"
-    svc.metrics.claims.labels(path=decision.path, outcome="won").inc()
+    svc.metrics.child(svc.metrics.claims, decision.path, "won").inc()
     await svc.delivery_log.disposed(delivery, "claim", decision.path, counted=False)
     svc.metrics.queue_wait.observe(max((now - message.published_at).total_seconds(), 0.0))
     return _Claimed(claimed, decision.path)
@@ -298,7 +298,7 @@ async def _execute(
                 delay=plan.delay if plan.action == "nak" else None,
                 record_id=plan.record_id,
             )
-            svc.metrics.run_duration.labels(status=status_label(plan.reason)).observe(
+            svc.metrics.child(svc.metrics.run_duration, status_label(plan.reason)).observe(
                 time.monotonic() - started
             )
     finally:

@@ -9,6 +9,7 @@ status are real run statuses (SPEC §2), never a disposition's reason.
 from __future__ import annotations
 
 from importlib import metadata
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,6 +22,8 @@ from prometheus_client import (
 )
 
 from store import Event, RunStatus
+
+M = TypeVar("M", Counter, Histogram)
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -60,6 +63,7 @@ def version() -> str:
 
 class RunnerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry = registry or CollectorRegistry()
         r = self.registry
         Info("runfleet_build", "The runfleet release this process runs", registry=r).info(
@@ -120,4 +124,13 @@ class RunnerMetrics:
             self.scratch_bank_seconds.observe(float(event.data.get("seconds") or 0.0))
 
     def delivery(self, disposition: str, reason: str) -> None:
-        self.deliveries.labels(disposition=disposition, reason=reason).inc()
+        self.child(self.deliveries, disposition, reason).inc()
+
+    def child(self, metric: M, *values: str) -> M:
+        """`metric.labels(*values)` (in label-name order), cached: `labels()` takes a lock and
+        builds its key on every call, three times a run on the hot path (issue 19)."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found

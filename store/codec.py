@@ -20,7 +20,7 @@ def encode(model: BaseModel) -> dict[str, Any]:
 
 def decode(cls: type[M], raw: Any, *, what: str, ident: str) -> M:
     """Validate a stored record; a record that fails is a `DocumentInvalid` naming its id."""
-    if isinstance(raw, dict):
+    if isinstance(raw, dict) and "_id" in raw:
         raw = {k: v for k, v in raw.items() if k != "_id"}
     try:
         return cls.model_validate(raw)

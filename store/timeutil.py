@@ -22,11 +22,14 @@ def truncate_ms(value: datetime) -> datetime:
     return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
 def to_ms(value: datetime) -> int:
     if value.tzinfo is None:
         raise ValueError("naive datetime: runfleet only accepts timezone-aware UTC instants")
-    delta = value.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
-    return delta // timedelta(milliseconds=1)
+    return (value - _EPOCH) // _MS  # aware minus aware: any zone, no conversion needed
 
 
 def iso_z(value: datetime) -> str:
@@ -39,10 +42,12 @@ def iso_z(value: datetime) -> str:
 
 
 def from_ms(value: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=value)
+    return _EPOCH + timedelta(milliseconds=value)
 
 
 def _coerce_utc(value: Any) -> Any:
+    if type(value) is int:  # storage form, the common case: epoch ms
+        return _EPOCH + timedelta(milliseconds=value)
     if isinstance(value, bool):
         raise ValueError("expected an instant, got a bool")
     if isinstance(value, int):

@@ -8,7 +8,9 @@ before its commit. sqlite3 errors become the store's errors here, by result code
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,9 +23,13 @@ T = TypeVar("T")
 
 
 class SqliteConnection:
-    def __init__(self, path: Path, worker: SqliteWorker) -> None:
+    def __init__(
+        self, path: Path, worker: SqliteWorker, inline: sqlite3.Connection | None = None
+    ) -> None:
         self.path = path
         self._worker = worker
+        self._inline = inline
+        self._inline_thread = threading.get_ident()
 
     @classmethod
     async def open(cls, path: Path | str, *, busy_timeout_ms: int = 10_000) -> Self:
@@ -36,7 +42,34 @@ class SqliteConnection:
                 f"sqlite-{path.name}",
                 busy_timeout_s=busy_timeout_ms / 1000,
             )
-        return cls(path, worker)
+            inline = await asyncio.to_thread(connect, path, busy_timeout_ms)
+            inline.execute("PRAGMA busy_timeout = 0")  # busy: hand the read to the thread
+        return cls(path, worker, inline)
+
+    def _here(self) -> sqlite3.Connection | None:
+        """The inline connection, on the thread that opened the store (its event loop's)."""
+        if self._inline is None or threading.get_ident() != self._inline_thread:
+            return None
+        return self._inline
+
+    async def _point_read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A read of a row or two by key, run right here on the event loop's thread: a hop to
+        the store thread and back cost ≈ 100 µs of CPU on these machines, more than the read
+        (issue 19; ADR-0009 amendment). WAL readers never wait for writers; a busy answer (a
+        WAL recovery) goes to the thread, which waits.
+
+        Writes stay on the thread: run inline, each would be its own transaction, and with
+        two runner processes on one file the lock is often taken: drain fell from 849 to 665
+        runs/s and the bytes written per run nearly doubled (docs/performance.md)."""
+        conn = self._here()
+        if conn is not None:
+            with _translated(self.path):
+                try:
+                    return fn(conn)
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        raise
+        return await self._read(fn)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         with _translated(self.path):
@@ -52,6 +85,16 @@ class SqliteConnection:
 
     async def close(self) -> None:
         await self._worker.close()
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF in (
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+    )
 
 
 @contextmanager

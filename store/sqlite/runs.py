@@ -54,7 +54,7 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         return doc
 
     async def get_run(self, run_id: str) -> RunDocument:
-        row = await self._read(
+        row = await self._point_read(
             lambda c: c.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         )
         if row is None:

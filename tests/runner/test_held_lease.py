@@ -82,6 +82,8 @@ class Seam:
         self, run_id: str, conditions: list[Condition], update: Update, **kw: Any
     ) -> RunDocument | CasConflict:
         error = self.on_update(run_id, update)
+        for draft in kw.get("events", ()):  # events that ride with the write (issue 19)
+            error = error or self.on_append(draft.type)
         if error is not None:
             raise error
         result = await self.inner.update_run(run_id, conditions, update, **kw)
@@ -175,7 +177,10 @@ async def test_held_lease_error_in_the_run_claimed_append_is_an_internal_error_o
     scheduled = await events_of(fleet, run.run_id, "run_retry_scheduled")
     assert [e.data["code"] for e in scheduled] == ["INTERNAL_ERROR"]
     claims = await events_of(fleet, run.run_id, "run_claimed")
-    assert [e.data["path"] for e in claims] == ["auto_retry"]
+    # The write that carried `run_claimed` raised, so the narration was given back and rode
+    # with the next write, the INTERNAL_ERROR status: the fresh claim is on record, then the
+    # auto-retry's (issue 19: events ride with the state writes).
+    assert [e.data["path"] for e in claims] == ["fresh", "auto_retry"]
 
 
 class StopOthersFails:
