@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,43 +34,45 @@ class _Counting:
         return getattr(self.inner, name)
 
 
-async def test_a_point_read_runs_on_the_loop_thread_and_sees_every_committed_write(
-    tmp_path: Path, make_run: MakeRun
-) -> None:
+@pytest.fixture
+async def counted(tmp_path: Path) -> AsyncIterator[tuple[SqliteRunStore, _Counting]]:
+    """A real store whose hand-offs to its store thread are counted."""
     store = await SqliteRunStore.open(tmp_path / "runs.db")
     counting = _Counting(store._worker)
     store._worker = counting  # type: ignore[assignment]
     try:
-        run = make_run(status=RunStatus.QUEUED)
-        await store.create_run(run)
-        written = await store.update_run(
-            run.run_id, [Eq("status", RunStatus.QUEUED)], Update(set={"status": "running"})
-        )
-        assert isinstance(written, RunDocument)
-        got = await store.get_run(run.run_id)
-        assert (got.status, got.version) == (RunStatus.RUNNING, written.version)
-        assert counting.reads == 0  # never handed to the store thread
+        yield store, counting
     finally:
         await store.close()
+
+
+async def test_a_point_read_runs_on_the_loop_thread_and_sees_every_committed_write(
+    counted: tuple[SqliteRunStore, _Counting], make_run: MakeRun
+) -> None:
+    store, counting = counted
+    run = make_run(status=RunStatus.QUEUED)
+    await store.create_run(run)
+    written = await store.update_run(
+        run.run_id, [Eq("status", RunStatus.QUEUED)], Update(set={"status": "running"})
+    )
+    assert isinstance(written, RunDocument)
+    got = await store.get_run(run.run_id)
+    assert (got.status, got.version) == (RunStatus.RUNNING, written.version)
+    assert counting.reads == 0  # never handed to the store thread
 
 
 async def test_a_point_read_from_another_thread_goes_through_the_store_thread(
-    tmp_path: Path, make_run: MakeRun
+    counted: tuple[SqliteRunStore, _Counting], make_run: MakeRun
 ) -> None:
-    store = await SqliteRunStore.open(tmp_path / "runs.db")
-    counting = _Counting(store._worker)
-    store._worker = counting  # type: ignore[assignment]
-    try:
-        run = make_run()
-        await store.create_run(run)
-        seen: list[RunDocument] = []
-        other = threading.Thread(target=lambda: seen.append(asyncio.run(store.get_run(run.run_id))))
-        other.start()
-        await asyncio.to_thread(other.join)
-        assert [doc.run_id for doc in seen] == [run.run_id]
-        assert counting.reads == 1
-    finally:
-        await store.close()
+    store, counting = counted
+    run = make_run()
+    await store.create_run(run)
+    seen: list[RunDocument] = []
+    other = threading.Thread(target=lambda: seen.append(asyncio.run(store.get_run(run.run_id))))
+    other.start()
+    await asyncio.to_thread(other.join)
+    assert [doc.run_id for doc in seen] == [run.run_id]
+    assert counting.reads == 1
 
 
 class _BusyConnection:
@@ -85,11 +88,9 @@ class _BusyConnection:
 
 
 async def test_a_point_read_answered_busy_is_handed_to_the_store_thread(
-    tmp_path: Path, make_run: MakeRun
+    counted: tuple[SqliteRunStore, _Counting], make_run: MakeRun
 ) -> None:
-    store = await SqliteRunStore.open(tmp_path / "runs.db")
-    counting = _Counting(store._worker)
-    store._worker = counting  # type: ignore[assignment]
+    store, counting = counted
     real = store._inline
     store._inline = _BusyConnection()  # type: ignore[assignment]
     try:
@@ -99,7 +100,6 @@ async def test_a_point_read_answered_busy_is_handed_to_the_store_thread(
         assert counting.reads == 1
     finally:
         store._inline = real
-        await store.close()
 
 
 @pytest.mark.parametrize("closed_twice", [False, True])
