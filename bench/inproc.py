@@ -94,6 +94,10 @@ async def main(args: argparse.Namespace) -> int:
             if cpu - threads0.get(name, 0.0) > 0
         }
         print("drain CPU by thread, ms/run: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
+        print(
+            f"SUMMARY inproc: drain {n / drain_s:,.0f} runs/s,"
+            f" {drain_cpu / n * 1e3:.2f} ms CPU/run (one in-process runner, {args.slots} slots)"
+        )
         for side, store in (("publisher", pub_store), ("runner", runner_store)):
             if not isinstance(store, CountingStore):
                 continue
@@ -112,5 +116,8 @@ if __name__ == "__main__":
     ap.add_argument(
         "--no-count", dest="count", action="store_false", help="no counting wrapper (its cost)"
     )
+    ap.add_argument("--quick", action="store_true", help="100 runs (the CI smoke test)")
     args = ap.parse_args()
+    if args.quick:
+        args.runs = 100
     run_main(lambda: main(args))
