@@ -70,21 +70,21 @@ class EventLog:
         """A write that carried `drafts` raised before it landed: keep them pending, in order."""
         self._pending[:0] = drafts
 
-    async def flush(self, *more: EventDraft) -> None:
+    async def flush(self, *more: EventDraft) -> Event | None:
         """Append what is pending, then `more`, one by one (after a write that did not carry
-        them)."""
+        them). The last event appended; None when an append was abandoned (the rest with it)."""
+        last: Event | None = None
         for draft in self.take(*more):
-            if await self._append(draft) is None:
-                return
+            last = await self._append(draft)
+            if last is None:
+                return None
+        return last
 
     async def emit(self, type: str, **data: Any) -> Event | None:
         if self._cancel is not None and self._cancel.reason is CancelReason.LEASE_LOST:
             return None
-        pending = self.take()  # what was deferred goes first: the order is the log's
-        for draft in pending:
-            if await self._append(draft) is None:
-                return None
-        return await self._append(self.draft(type, **data))
+        # What was deferred goes first: the order is the log's.
+        return await self.flush(self.draft(type, **data))
 
     async def _append(self, draft: EventDraft) -> Event | None:
         append = self.store.append_event(

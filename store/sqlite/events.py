@@ -6,38 +6,33 @@ import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 
-from store.codec import decode, encode
+from store.codec import decode
 from store.events import AppendsDrafts
 from store.models import Event
 from store.protocols import EventDraft
 from store.sqlite.connection import SqliteConnection
 from store.sqlite.schema import dumps, loads
+from store.timeutil import to_ms
 
 
 def append(conn: sqlite3.Connection, run_id: str, draft: EventDraft, at: datetime) -> Event:
-    """Append inside the caller's write transaction. The transaction (IMMEDIATE) serialises
-    appenders across processes, so max(seq)+1 cannot collide; the primary key would refuse a
-    duplicate if it did."""
-    (last,) = conn.execute(
-        "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
-    ).fetchone()
-    event = draft.event(run_id, last + 1, at)
-    conn.execute(
-        "INSERT INTO events (run_id, seq, doc) VALUES (?, ?, ?)",
-        (run_id, event.seq, dumps(encode(event))),
-    )
-    return event
+    """Append one event inside the caller's write transaction, as the model it stored. The
+    model is built after the insert: an event that does not validate raises, and the caller's
+    transaction (or savepoint) takes the row back."""
+    return draft.event(run_id, append_drafts(conn, run_id, [draft], to_ms(at)), at)
 
 
 def append_drafts(
     conn: sqlite3.Connection, run_id: str, drafts: Sequence[EventDraft], at_ms: int
-) -> None:
-    """Append several events inside the caller's write transaction (see `append`). The rows are
+) -> int:
+    """Append events inside the caller's write transaction; returns the last `seq`. The
+    transaction (IMMEDIATE) serialises appenders across processes, so `max(seq)+1` cannot
+    collide; the primary key would refuse a duplicate if it did. The rows are
     built as storage-form dicts directly: the drafts come from the product's own code, and the
     `Event` model's validation and dump were a tenth of a run's store CPU
     (docs/performance.md, issue 19)."""
     if not drafts:
-        return
+        return 0  # no query: most writes carry no event
     (last,) = conn.execute(
         "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
     ).fetchone()
@@ -48,6 +43,7 @@ def append_drafts(
             for i, draft in enumerate(drafts, start=1)
         ],
     )
+    return int(last) + len(drafts)
 
 
 class SqliteEvents(AppendsDrafts, SqliteConnection):
