@@ -39,7 +39,16 @@ from store.models import (
     StagedUpload,
     WorkflowRef,
 )
-from store.protocols import BlobInfo, BlobStore, EventDraft, RunPage, RunQuery, RunStore
+from store.protocols import (
+    BlobInfo,
+    BlobStore,
+    EventDraft,
+    RunCopy,
+    RunCopyPage,
+    RunPage,
+    RunQuery,
+    RunStore,
+)
 from store.timeutil import UtcDatetime, utcnow
 
 __all__ = [
@@ -70,6 +79,8 @@ __all__ = [
     "Refusal",
     "ResumeSpec",
     "RunAlreadyExists",
+    "RunCopy",
+    "RunCopyPage",
     "RunDocument",
     "RunNotFound",
     "RunPage",

@@ -89,6 +89,27 @@ class RunPage:
     """Pass as `after_run_id` for the next page; None on the last page."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunCopy:
+    """Where a run's copy on the work queue is, as its document records it: enough for the
+    sweeper to pass over a run whose copy is still on the queue without reading the run
+    (issue 19: a pass over a 50 000-run backlog reads 50 000 of these, not 50 000 documents)."""
+
+    run_id: str
+    attempt: int
+    published_attempt: int | None
+    """`publication.attempt` (None: no publication recorded)."""
+    stream_seq: int | None
+    """`publication.stream_seq` (None: no publication, or its sequence is not known yet)."""
+
+
+@dataclass
+class RunCopyPage:
+    copies: list[RunCopy]
+    next_after: str | None
+    """Pass as `after_run_id` for the next page; None on the last page."""
+
+
 @runtime_checkable
 class RunStore(Protocol):
     async def create_run(
@@ -124,6 +145,11 @@ class RunStore(Protocol):
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         """Runs matching `query`, ordered by `run_id`, at most `query.limit`."""
+        ...
+
+    async def list_run_copies(self, query: RunQuery) -> RunCopyPage:
+        """What `list_runs` would page through, as `RunCopy` rows only (no document read or
+        validated): the sweeper's first look at a backlog (SPEC §5.9)."""
         ...
 
     async def status_counts(self, tenant: str | None = None) -> dict[RunStatus, int]:

@@ -30,7 +30,7 @@ from store.models import RunDocument, RunStatus
 from store.mongo.connection import Doc
 from store.mongo.events import MongoEvents
 from store.mongo.records import MongoRecords
-from store.protocols import EventDraft, RunPage, RunQuery
+from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery
 from store.timeutil import to_ms, utcnow
 
 _CAS_TRIES = 50
@@ -48,6 +48,34 @@ def _null_safe(clause: Doc) -> Doc:
         return clause
     parts = path.split(".")
     return {"$or": [clause, *({".".join(parts[:i]): None} for i in range(1, len(parts)))]}
+
+
+_COPY_FIELDS = {"attempt": 1, "publication.attempt": 1, "publication.stream_seq": 1}
+
+
+def _filter(query: RunQuery) -> tuple[Doc, int]:
+    """`query` as a `find` filter, and the `_id` order."""
+    clauses: list[Doc] = []
+    if query.statuses:
+        clauses.append({"status": {"$in": [to_storage(s) for s in query.statuses]}})
+    if query.tenant is not None:
+        clauses.append({"tenant": query.tenant})
+    if query.origin is not None:
+        clauses.append({"origin": to_storage(query.origin)})
+    if query.failure_codes:
+        clauses.append({"failure_code": {"$in": list(query.failure_codes)}})
+    if query.lease_expires_before is not None:
+        clauses.append({"lease.expires_at": {"$lt": to_ms(query.lease_expires_before)}})
+    if query.created_since is not None:
+        clauses.append({"created_at": {"$gte": to_ms(query.created_since)}})
+    if query.updated_before is not None:
+        clauses.append({"updated_at": {"$lt": to_ms(query.updated_before)}})
+    if query.workflow is not None:
+        clauses.append({"workflow.name": query.workflow})
+    if query.after_run_id is not None:
+        clauses.append({"_id": {"$lt" if query.newest_first else "$gt": query.after_run_id}})
+    flt: Doc = {"$and": clauses} if clauses else {}
+    return flt, DESCENDING if query.newest_first else ASCENDING
 
 
 class MongoRunStore(MongoEvents, MongoRecords):
@@ -134,31 +162,26 @@ class MongoRunStore(MongoEvents, MongoRecords):
         return CasConflict(self._run(current))
 
     async def list_runs(self, query: RunQuery) -> RunPage:
-        clauses: list[Doc] = []
-        if query.statuses:
-            clauses.append({"status": {"$in": [to_storage(s) for s in query.statuses]}})
-        if query.tenant is not None:
-            clauses.append({"tenant": query.tenant})
-        if query.origin is not None:
-            clauses.append({"origin": to_storage(query.origin)})
-        if query.failure_codes:
-            clauses.append({"failure_code": {"$in": list(query.failure_codes)}})
-        if query.lease_expires_before is not None:
-            clauses.append({"lease.expires_at": {"$lt": to_ms(query.lease_expires_before)}})
-        if query.created_since is not None:
-            clauses.append({"created_at": {"$gte": to_ms(query.created_since)}})
-        if query.updated_before is not None:
-            clauses.append({"updated_at": {"$lt": to_ms(query.updated_before)}})
-        if query.workflow is not None:
-            clauses.append({"workflow.name": query.workflow})
-        if query.after_run_id is not None:
-            clauses.append({"_id": {"$lt" if query.newest_first else "$gt": query.after_run_id}})
-        flt: Doc = {"$and": clauses} if clauses else {}
-        order = DESCENDING if query.newest_first else ASCENDING
+        flt, order = _filter(query)
         raws = await self._find("list runs", self._runs, flt, [("_id", order)], query.limit)
         runs = [self._run(raw) for raw in raws]
         full = query.limit > 0 and len(runs) == query.limit
         return RunPage(runs=runs, next_after=runs[-1].run_id if full else None)
+
+    async def list_run_copies(self, query: RunQuery) -> RunCopyPage:
+        """A projection of the three fields: the server sends no documents."""
+        flt, order = _filter(query)
+        raws = await self._find(
+            "list run copies", self._runs, flt, [("_id", order)], query.limit, _COPY_FIELDS
+        )
+        copies = []
+        for raw in raws:
+            pub = raw.get("publication") or {}
+            copies.append(
+                RunCopy(raw["_id"], int(raw["attempt"]), pub.get("attempt"), pub.get("stream_seq"))
+            )
+        full = query.limit > 0 and len(copies) == query.limit
+        return RunCopyPage(copies=copies, next_after=copies[-1].run_id if full else None)
 
     async def status_counts(self, tenant: str | None = None) -> dict[RunStatus, int]:
         """One `count_documents` per status (no awaited `aggregate`: mongomock lacks it)."""

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("script", ["throughput", "latency", "recovery", "lease", "bank", "inproc"])
+@pytest.mark.parametrize("script", ["throughput", "latency", "recovery", "lease", "bank", "inproc", "sweep"])
 def test_benchmark_runs_quick_and_prints_its_summary(script: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", f"bench.{script}", "--quick"],

@@ -16,7 +16,9 @@ Exactly the behaviours the protocol relies on, each pinned against a real nats-s
   deliver (a pull), so the double does it in `deliverable()` / `fetch()`; a late ack still
   removes it;
 - `get_msg` / `delete_msg` by sequence, raising what nats-py raises for a missing sequence
-  (`NotFoundError` 10037 for a read, `ServerError` 10057 for a delete).
+  (`NotFoundError` 10037 for a read, `ServerError` 10057 for a delete);
+- the stream's state (`first_seq`, `last_seq`, the deleted sequences between), as the stream
+  info API answers it (`stream_state`; the sweeper's one look per pass, issue 19).
 
 Time is a `Clock` the caller advances; nothing sleeps. Acks and naks on one delivery object are
 refused a second time, as nats-py refuses them (`MsgAlreadyAckdError`).
@@ -58,6 +60,7 @@ double: the early redelivery is one more duplicate delivery, which the model alr
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from nats.errors import MsgAlreadyAckdError
@@ -262,6 +265,23 @@ class WorkQueue:
             raise ServerError(code=500, err_code=10057, description="no message found")
         return True
 
+    def stream_state(self, *, deleted_details: bool = False) -> dict[str, object]:
+        """The `state` of `$JS.API.STREAM.INFO.<stream>`: `first_seq` (the lowest sequence
+        still held, or `last_seq + 1` when none is), `last_seq`, `num_deleted` (sequences
+        removed between the two) and, when asked, `deleted`, their list."""
+        held = sorted(self._messages)
+        first = held[0] if held else self._last_seq + 1
+        deleted = [s for s in range(first, self._last_seq + 1) if s not in self._messages]
+        state: dict[str, object] = {
+            "messages": len(held),
+            "first_seq": first,
+            "last_seq": self._last_seq,
+            "num_deleted": len(deleted),
+        }
+        if deleted_details and deleted:
+            state["deleted"] = deleted
+        return state
+
     # -- for a model's eyes only ------------------------------------------------------------
 
     def sequences(self) -> list[int]:
@@ -275,3 +295,23 @@ class WorkQueue:
         if m.exceeded:
             return "exceeded"
         return "waiting" if m.due is None else "pending"
+
+
+@dataclass
+class _Reply:
+    data: bytes
+
+
+class StreamInfoApi:
+    """The one JetStream API request runfleet makes on core NATS, `$JS.API.STREAM.INFO`,
+    answered from a `WorkQueue` (what `publisher.queue_snapshot` sends and reads)."""
+
+    def __init__(self, queue: WorkQueue) -> None:
+        self.queue = queue
+
+    async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5) -> _Reply:  # noqa: ASYNC109
+        if not subject.endswith(f".STREAM.INFO.{self.queue.stream}"):
+            raise ValueError(f"the double answers only its stream's info, not {subject}")
+        details = bool(payload and json.loads(payload).get("deleted_details"))
+        body = {"state": self.queue.stream_state(deleted_details=details)}
+        return _Reply(json.dumps(body).encode())

@@ -39,7 +39,8 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError, ServerError
 
-from tests.model.broker import MSG_ID, Clock, Delivered, WorkQueue
+from publisher.queue_snapshot import QueueSnapshot, queue_snapshot
+from tests.model.broker import MSG_ID, Clock, Delivered, StreamInfoApi, WorkQueue
 from tests.support.nats_cluster import Cluster, nats_cluster
 from tests.support.nats_server import NatsServer
 
@@ -70,6 +71,7 @@ class Broker(Protocol):
     async def fetch(self, batch: int = 1, wait: float = 0.25) -> list[Delivery]: ...
     async def get_msg(self, seq: int) -> RawStreamMsg: ...
     async def delete_msg(self, seq: int) -> bool: ...
+    async def snapshot(self) -> QueueSnapshot: ...
     async def wait(self, seconds: float) -> None: ...
     async def disrupt(self, leaders: Leaders = "both") -> None: ...
     @property
@@ -125,6 +127,9 @@ class DoubleBroker:
 
     async def get_msg(self, seq: int) -> RawStreamMsg:
         return self.queue.get_msg(seq)
+
+    async def snapshot(self) -> QueueSnapshot:
+        return await queue_snapshot(StreamInfoApi(self.queue), self.queue.stream)
 
     async def delete_msg(self, seq: int) -> bool:
         return self.queue.delete_msg(seq)
@@ -236,6 +241,9 @@ class NatsBroker:
 
     async def get_msg(self, seq: int) -> RawStreamMsg:
         return await self.js.get_msg(self.stream, seq)
+
+    async def snapshot(self) -> QueueSnapshot:
+        return await queue_snapshot(self.nc, self.stream)
 
     async def delete_msg(self, seq: int) -> bool:
         return await self.js.delete_msg(self.stream, seq)
@@ -579,6 +587,29 @@ async def test_get_msg_and_delete_msg_by_sequence(broker: Broker) -> None:
         await broker.get_msg(b.seq + 10)
     only = await next_delivery(broker, 1.0)
     assert (only.seq, only.data) == (b.seq, b"two")
+
+
+async def test_a_queue_snapshot_knows_which_sequences_are_gone_as_get_msg_does(
+    broker: Broker,
+) -> None:
+    """The sweeper's one look per pass (issue 19): the stream info's `first_seq`, `last_seq`
+    and deleted list answer, for every sequence, what `get_msg` would."""
+    a, b, c, d = [await broker.publish(data, data.decode()) for data in (b"a", b"b", b"c", b"d")]
+    await broker.delete_msg(b.seq)  # interior deletions: the list
+    first = await next_delivery(broker, 1.0)
+    assert first.seq == a.seq
+    await broker.disrupt()
+    second = await next_delivery(broker, 1.0)
+    await second.ack()  # c acked: gone too
+    assert second.seq == c.seq
+    assert await gone(broker, c.seq)
+    snap = await broker.snapshot()
+    assert [snap.gone(s.seq) for s in (a, b, c, d)] == [False, True, True, False]
+    assert snap.gone(d.seq + 1) is None  # published after the snapshot, for all it knows
+    await first.ack()  # the head goes: first_seq moves past it
+    assert await gone(broker, a.seq)
+    snap = await broker.snapshot()
+    assert [snap.gone(s.seq) for s in (a, b, c, d)] == [True, True, True, False]
 
 
 async def test_a_message_deleted_while_delivered_is_not_redelivered(broker: Broker) -> None:

@@ -178,7 +178,7 @@ from store.protocols import BlobInfo
 from store.sqlite import SqliteRunStore
 from store.sqlite import connect as sqlite_connect
 from store.timeutil import truncate_ms
-from tests.model.broker import Clock, Delivered, WorkQueue
+from tests.model.broker import Clock, Delivered, StreamInfoApi, WorkQueue
 from tests.model.faults import (
     ADMISSION,
     BACKSTOP,
@@ -467,7 +467,11 @@ class WatchedStore:
         point = _store_point(None)
         if point is not None and self._fault(point) is not None:
             raise self._error(point, f"get_run {run_id}")
-        return await self.inner.get_run(run_id)
+        doc = await self.inner.get_run(run_id)
+        actor = ACTOR.get()
+        if actor is not None and actor.kind == "sweeper":
+            actor.reads[run_id] = doc
+        return doc
 
     async def update_run(
         self,
@@ -530,6 +534,10 @@ class WatchedStore:
         if actor is not None:
             actor.reads.update({run.run_id: run for run in page.runs})
         return page
+
+    async def list_run_copies(self, query: Any) -> Any:
+        await gate("list_run_copies")
+        return await self.inner.list_run_copies(query)
 
     async def try_lock(self, name: str, owner: str, now: datetime, ttl_s: float) -> bool:
         await gate("try_lock")
@@ -671,7 +679,8 @@ class ModelDlq:
 
 
 class ModelNats:
-    """Core NATS: only the control subject's cancel signal is published."""
+    """Core NATS: the control subject's cancel signal, and the sweeper's one stream-info
+    request per pass."""
 
     def __init__(self, model: ProtocolModel) -> None:
         self.model = model
@@ -679,6 +688,11 @@ class ModelNats:
     async def publish(self, subject: str, payload: bytes = b"", **_: Any) -> None:
         await gate(f"signal {subject}")
         self.model.control.append(subject.rsplit(".", 1)[-1])
+
+    async def request(self, subject: str, payload: bytes = b"", **_: Any) -> Any:
+        """The sweeper's stream-info request, answered by the double (`StreamInfoApi`)."""
+        await gate(f"request {subject}")
+        return await StreamInfoApi(self.model.queue).request(subject, payload)
 
 
 class NullSandbox:

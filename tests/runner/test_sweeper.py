@@ -170,6 +170,60 @@ async def test_sweeper_leaves_a_copy_that_is_still_on_the_queue_or_too_young(
     assert (await fleet.store.get_run(parked.run_id)).publication is None
 
 
+class Reads:
+    """The real store and stream, counting what a pass reads: documents and `get_msg`s."""
+
+    def __init__(self, store: Any, js: Any) -> None:
+        self.store, self.js = store, js
+        self.docs: list[str] = []
+        self.get_msgs: list[int] = []
+
+    async def get_run(self, run_id: str) -> RunDocument:
+        self.docs.append(run_id)
+        return await self.store.get_run(run_id)  # type: ignore[no-any-return]
+
+    async def get_msg(self, stream: str, seq: int | None = None, **kw: Any) -> Any:
+        assert seq is not None
+        self.get_msgs.append(seq)
+        return await self.js.get_msg(stream, seq, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store if hasattr(self.store, name) else self.js, name)
+
+
+async def test_sweeper_pass_reads_no_document_and_no_message_of_runs_whose_copy_is_on_the_queue(
+    fleet: Fleet, sweeper: Sweeper
+) -> None:
+    """Issue 19: a pass costs what it may act on. 30 queued runs whose copies are on the
+    queue, long published, and one whose copy is gone: one stream-info look, one document
+    read (the gone one's) and no `get_msg`."""
+    on_queue = []
+    for _ in range(30):
+        run = await create(fleet, S.QUEUED)
+        ack = await publish_raw(
+            fleet.js, fleet.names.runs_subject, body(run.run_id, 1), run_id=run.run_id, attempt=1
+        )
+        on_queue.append((run, ack.seq))
+    gone = await create(fleet, S.QUEUED)
+    gone_seq = await gone_copy(fleet, gone.run_id)
+    for run, seq in [*on_queue, (gone, gone_seq)]:
+        await fleet.store.update_run(
+            run.run_id,
+            [],
+            Update(set={"publication": publication(seq).model_dump()}, bump_version=False),
+        )
+    import dataclasses
+
+    reads = Reads(fleet.store, fleet.js)
+    counted = Sweeper(dataclasses.replace(sweeper.svc, store=reads, js=reads))
+    report = await counted.sweep_once(force=True)
+    assert dict(report.actions) == {"republish_gone": 1}
+    assert reads.docs.count(gone.run_id) >= 1
+    assert set(reads.docs) == {gone.run_id}
+    assert reads.get_msgs == []
+    assert await fleet.stream_messages() == 31  # the 30 untouched, and the gone one's new copy
+
+
 # -- running, its runner gone ---------------------------------------------------------------------
 
 

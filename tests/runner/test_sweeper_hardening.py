@@ -14,7 +14,7 @@ import pytest
 from publisher.wire import HDR_MSG_ID
 from runner.services import RunnerServices
 from runner.sweeper import LOCK, Sweeper
-from store import Eq, RunDocument, RunPage, RunStatus, RunStore, Update, utcnow
+from store import Eq, RunCopyPage, RunDocument, RunStatus, RunStore, Update, utcnow
 from tests.runner.callables import body, bound_drain, idle_runner, lease, publish_raw
 from tests.runner.conftest import Fleet
 from tests.runner.test_sweeper import create, gone_copy, present, publication
@@ -36,19 +36,19 @@ async def svc(fleet: Fleet) -> RunnerServices:
 
 
 class AfterRead:
-    """The real store; `rival` runs once, right after the sweeper read its page of runs, so
-    every judgement of that pass is made on a document that has since changed."""
+    """The real store; `rival` runs once, right after the sweeper read the first run it
+    judges, so that judgement is made on a document that has since changed."""
 
     def __init__(self, inner: RunStore, rival: Callable[[], Awaitable[object]]) -> None:
         self.inner = inner
         self.rival: Callable[[], Awaitable[object]] | None = rival
 
-    async def list_runs(self, query: Any) -> RunPage:
-        page = await self.inner.list_runs(query)
+    async def get_run(self, run_id: str) -> RunDocument:
+        doc = await self.inner.get_run(run_id)
         if self.rival is not None:
             rival, self.rival = self.rival, None
             await rival()
-        return page
+        return doc
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -125,6 +125,48 @@ async def test_sweeper_missing_publication_branch_cases_before_it_publishes(
     assert await fleet.stream_messages() == 0  # no copy of a cancelled run on the queue
     doc = await fleet.store.get_run(run.run_id)
     assert (doc.status, doc.publication) == (S.CANCELLED, None)
+
+
+class AfterCopies:
+    """The real store; `rival` runs once, right after the sweeper read its first page of
+    `RunCopy` rows, before it reads any document."""
+
+    def __init__(self, inner: RunStore, rival: Callable[[], Awaitable[object]]) -> None:
+        self.inner = inner
+        self.rival: Callable[[], Awaitable[object]] | None = rival
+
+    async def list_run_copies(self, query: Any) -> RunCopyPage:
+        page = await self.inner.list_run_copies(query)
+        if self.rival is not None:
+            rival, self.rival = self.rival, None
+            await rival()
+        return page
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_sweeper_passes_over_a_run_that_left_the_swept_statuses_after_its_row_was_read(
+    fleet: Fleet, svc: RunnerServices
+) -> None:
+    """Found by the protocol model: the row says `queued`, the document read next says
+    `cancelled` (an operator acted in between). Every sweeper CAS is on what it read, so only
+    the status check stops it republishing a cancelled run."""
+    run = await create(fleet, S.QUEUED)  # never published, past the grace
+
+    async def operator_cancel() -> object:
+        return await fleet.store.update_run(
+            run.run_id,
+            [Eq("status", S.QUEUED), Eq("attempt", 1)],
+            Update(set={"status": S.CANCELLED}),
+        )
+
+    sweeper = sweeper_on(svc, store=AfterCopies(fleet.store, operator_cancel))
+    report = await sweeper.sweep_once(force=True)
+    assert dict(report.actions) == {}
+    assert await fleet.stream_messages() == 0
+    doc = await fleet.store.get_run(run.run_id)
+    assert (doc.status, doc.publication, doc.sweep_republishes) == (S.CANCELLED, None, 0)
 
 
 async def test_two_sweepers_racing_on_a_missing_publication_publish_it_once(

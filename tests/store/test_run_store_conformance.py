@@ -7,6 +7,7 @@ named after the rule it checks. The SQLite-only tests at the end cover what only
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import secrets
 import sqlite3
@@ -33,6 +34,7 @@ from store.models import (
     InteractionStatus,
     Lease,
     Origin,
+    Publication,
     RunDocument,
     RunStatus,
     StagedFile,
@@ -651,6 +653,48 @@ async def test_list_runs_keyset_paging_returns_every_run_once(
     assert sizes == [10, 10, 5]
     assert seen == sorted(ids)
     assert len(set(seen)) == 25
+
+
+async def test_list_run_copies_pages_what_list_runs_pages_with_each_runs_recorded_copy(
+    run_store: RunStore, make_run: MakeRun
+):
+    """The sweeper's first look (issue 19): the same runs, filters and keyset paging as
+    `list_runs`, each as its attempt and its publication's attempt and sequence only."""
+    at = utcnow()
+    docs = [
+        make_run(),  # never published
+        make_run(publication=Publication(attempt=1, stream_seq=7, at=at)),
+        make_run(attempt=2, publication=Publication(attempt=1, stream_seq=8, at=at)),
+        make_run(publication=Publication(attempt=1, at=at)),  # its sequence not yet known
+        make_run(status=RunStatus.FINISHED),
+    ] + [make_run(publication=Publication(attempt=1, stream_seq=100 + i, at=at)) for i in range(8)]
+    for doc in docs:
+        await run_store.create_run(doc)
+    want = {
+        d.run_id: (
+            d.attempt,
+            d.publication.attempt if d.publication else None,
+            d.publication.stream_seq if d.publication else None,
+        )
+        for d in docs
+        if d.status is RunStatus.QUEUED
+    }
+    query = RunQuery(statuses=[RunStatus.QUEUED], limit=5)
+    got: dict[str, tuple[int, int | None, int | None]] = {}
+    sizes = []
+    after: str | None = None
+    for _ in range(10):  # bounded: a paging bug must fail, not hang
+        page = await run_store.list_run_copies(dataclasses.replace(query, after_run_id=after))
+        runs = await run_store.list_runs(dataclasses.replace(query, after_run_id=after))
+        assert [c.run_id for c in page.copies] == [r.run_id for r in runs.runs]
+        assert page.next_after == runs.next_after
+        sizes.append(len(page.copies))
+        got.update({c.run_id: (c.attempt, c.published_attempt, c.stream_seq) for c in page.copies})
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert sizes == [5, 5, 2]
+    assert got == want
 
 
 # -- events ------------------------------------------------------------------------------------
