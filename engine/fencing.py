@@ -59,6 +59,23 @@ class FencedWriter:
         self.on_release: Callable[[], None] | None = None
         """Told just before a status write that also drops the lease: the lease keeper stops,
         so its next beat does not mistake the release for a lost lease."""
+        self._checkpoint: dict[str, Any] | None = None
+        """The run's last boundary checkpoint, riding with the status write (`defer_checkpoint`)."""
+
+    def defer_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """The run's last node boundary, when its outcome's status write follows at once
+        (nothing to tear down): the checkpoint rides with that write. Status and checkpoint
+        writes share one fence (SPEC §2), so the pair lands or is refused as one; a crash
+        before it re-runs the last node, as one a moment earlier would (§6.2: at-least-once).
+        ADR-0014 amendment 1 (issue 19: one write fewer per run)."""
+        self._checkpoint = checkpoint.model_dump()
+
+    async def _write_deferred_checkpoint(self) -> None:
+        """A write fenced by token only never carries a checkpoint (SPEC §2): a deferred one
+        is written on its own first. Not a path a run takes (the deferral waits for an empty
+        teardown), but the order stays right if one ever does."""
+        if self._checkpoint is not None:
+            await self.write_checkpoint(Checkpoint.model_validate(self._checkpoint))
 
     async def _write(
         self, conditions: Sequence[Condition], update: Update, events: Sequence[EventDraft] = ()
@@ -116,6 +133,7 @@ class FencedWriter:
         result = await self._write(
             [*self._fence(), Eq("status", RunStatus.RUNNING)], update, events
         )
+        self._checkpoint = None  # landed or refused, this one supersedes a deferred one
         if isinstance(result, CasConflict):
             current = self._judge(result)
             raise LeaseLost(f"run {self.run_id}: checkpoint refused in status {current.status}")
@@ -150,6 +168,8 @@ class FencedWriter:
             "cause_code": cause_code,
             **(extra or {}),
         }
+        if self._checkpoint is not None:
+            fields["checkpoint"] = self._checkpoint
         if release:
             self.release_sent = True
             if self.on_release is not None:
@@ -157,6 +177,7 @@ class FencedWriter:
         update = Update(set=fields, unset=["lease"] if release else [])
         result = await self._write(conds, update, events)
         if not isinstance(result, CasConflict):
+            self._checkpoint = None
             return result
         current = self._judge(result)
         if current.cancel_requested and current.status is RunStatus.RUNNING:
@@ -166,19 +187,21 @@ class FencedWriter:
     async def write_cancelled(self, *, release: bool = False) -> RunDocument:
         """`running → cancelled`, with `run_cancelled` riding on it."""
         self._guard()
+        fields: dict[str, Any] = {
+            "status": RunStatus.CANCELLED,
+            "cancel_requested": False,
+            "failure_code": None,
+            "error": None,
+        }
+        if self._checkpoint is not None:
+            fields["checkpoint"] = self._checkpoint
         result = await self._write(
             [*self._fence(), Eq("status", RunStatus.RUNNING)],
-            Update(
-                set={
-                    "status": RunStatus.CANCELLED,
-                    "cancel_requested": False,
-                    "failure_code": None,
-                    "error": None,
-                },
-                unset=["lease"] if release else [],
-            ),
+            Update(set=fields, unset=["lease"] if release else []),
             [EventDraft("run_cancelled", {}, self.attempt, self.token)],
         )
+        if not isinstance(result, CasConflict):
+            self._checkpoint = None
         if isinstance(result, CasConflict):
             self._judge(result)
             raise LeaseLost(f"run {self.run_id}: cancel write refused")
@@ -188,6 +211,7 @@ class FencedWriter:
         """Record fields (`scratch`, `metrics`): fenced by token only, so a resume queued while
         this execution still banks does not fence out its bank record."""
         self._guard()
+        await self._write_deferred_checkpoint()
         result = await self._write([Eq("lease.token", self.token)], Update(set=dict(fields)))
         if isinstance(result, CasConflict):
             self._judge(result)
@@ -198,6 +222,7 @@ class FencedWriter:
         """Drop the lease (token only). None when it was already gone: nothing to release."""
         if self.lost:
             return None
+        await self._write_deferred_checkpoint()
         result = await self._write([Eq("lease.token", self.token)], Update(unset=["lease"]))
         if not isinstance(result, CasConflict):
             return result

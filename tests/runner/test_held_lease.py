@@ -156,6 +156,17 @@ async def _status_when(
     return doc if ok(doc) and doc.lease is None else None
 
 
+TWO_NODES = """\
+name: two_nodes
+entry: a
+nodes:
+  a: {kind: compute, set: {x: "1 + 1"}}
+  b: {kind: compute, set: {y: "outputs.a.x * 2"}}
+edges:
+  - {from: a, to: b}
+"""
+
+
 async def test_held_lease_error_in_the_run_claimed_append_is_an_internal_error_outcome(
     fleet: Fleet,
 ) -> None:
@@ -171,7 +182,9 @@ async def test_held_lease_error_in_the_run_claimed_append_is_an_internal_error_o
 
     seam.on_append = once
     await start_on(fleet, seam)
-    run = await fleet.launch(workflow("hello").source)
+    # Two nodes: `run_claimed` rides with the first boundary's checkpoint, a write the engine
+    # makes while the run is held (a one-node run's rides with its `finished` status write).
+    run = await fleet.launch(TWO_NODES)
     done = await fleet.wait_status(run.run_id, "finished", within=20)
     assert done.attempt == 1
     scheduled = await events_of(fleet, run.run_id, "run_retry_scheduled")
@@ -527,7 +540,9 @@ async def test_lease_lost_while_the_status_write_was_refused_sends_no_dispositio
 
     seam.on_update = lose_then_refuse
     runners.append(await start_on(fleet, seam))
-    run = await fleet.launch(workflow("hello").source)
+    # Two nodes, so the first execution's `run_claimed` lands with its first boundary (a
+    # one-node run's rides with the refused status write, and is refused with it).
+    run = await fleet.launch(TWO_NODES)
     done = await fleet.wait_status(run.run_id, "finished", within=20)
     assert refused == [run.run_id] and done.failure_code is None
     assert deliveries(runners[0], "nak", "store_unreachable") == 0

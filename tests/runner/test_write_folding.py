@@ -69,8 +69,9 @@ async def _types(fleet: Fleet, run_id: str) -> list[str]:
 
 async def test_events_ride_with_the_state_write_they_describe(fleet: Fleet) -> None:
     """A compute-only run: the claim, one write per node boundary carrying that node's
-    narration (the first also `run_claimed`), and the outcome with `run_finished` and the
-    release. No event is appended on its own, and the log reads as it always did."""
+    narration (the first also `run_claimed`), the last boundary folded into the outcome with
+    `run_finished` and the release. No event is appended on its own, and the log reads as it
+    always did."""
     assert isinstance(fleet.store, SqliteRunStore)
     recording = Recording(fleet.store)
     await start_on(fleet, recording)
@@ -83,10 +84,14 @@ async def test_events_ride_with_the_state_write_they_describe(fleet: Fleet) -> N
     assert carried == [
         [],  # the claim: `run_claimed` waits for `stop_others` (SPEC §5.3)
         ["run_claimed", "node_started", "node_finished"],
-        ["node_started", "node_finished"],
-        ["run_finished"],
+        ["node_started", "node_finished", "run_finished"],
     ]
-    assert recording.writes[-1][0].unset == ["lease"]  # the release rode with the status
+    last = recording.writes[-1][0]
+    assert last.unset == ["lease"]  # the release rode with the status
+    # ... and so did the last boundary's checkpoint: one write fewer per run.
+    assert last.set["status"] == "finished"
+    assert last.set["checkpoint"]["completed"] == ["a", "b"]
+    assert last.set["checkpoint"]["restart_node"] is None
     assert await _types(fleet, run.run_id) == [
         "run_launched",
         "run_queued",
@@ -112,6 +117,10 @@ async def test_the_release_rides_with_the_outcome_only_when_the_teardown_is_empt
     assert done.lease is None
     status_writes = [u for u, _ in recording.writes if u.set.get("status") == "finished"]
     assert len(status_writes) == 1 and "lease" not in status_writes[0].unset
+    # Nor does the last checkpoint ride: the teardown runs between it and the status write.
+    assert "checkpoint" not in status_writes[0].set
+    last_boundary = [u for u, _ in recording.writes if "checkpoint" in u.set][-1]
+    assert last_boundary.set["checkpoint"]["completed"] == ["t"]
     last, events = recording.writes[-1]
     assert (dict(last.set), list(last.unset), events) == ({}, ["lease"], [])
     assert "sandbox_started" in await _types(fleet, run.run_id)
