@@ -97,6 +97,7 @@ class RunCopy:
 
     run_id: str
     attempt: int
+    """The run's attempt (0: the store could not read it from a corrupt document)."""
     published_attempt: int | None
     """`publication.attempt` (None: no publication recorded)."""
     stream_seq: int | None

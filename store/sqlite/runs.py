@@ -10,6 +10,7 @@ lock first).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -21,12 +22,28 @@ from store.models import RunDocument, RunStatus
 from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery
 from store.sqlite.events import SqliteEvents, append_drafts
 from store.sqlite.records import SqliteRecords
-from store.sqlite.schema import changed_columns, column_value, dumps, loads, run_columns
+from store.sqlite.schema import (
+    changed_columns,
+    column_value,
+    dumps,
+    json_field,
+    loads,
+    run_columns,
+)
 from store.timeutil import to_ms, utcnow
 
 
 def _run(text: str, run_id: str) -> RunDocument:
     return decode(RunDocument, loads(text, "run", run_id), what="run", ident=run_id)
+
+
+def _copy(run_id: str, fields: str | None) -> RunCopy:
+    """A `RunCopy` from the three fields as a JSON array (None: a document that is not JSON at
+    all; `attempt` 0 and no publication make the sweeper read it, and meet its error)."""
+    if fields is None:
+        return RunCopy(run_id, 0, None, None)
+    attempt, published, seq = json.loads(fields)
+    return RunCopy(run_id, int(attempt), published, seq)
 
 
 def _where(query: RunQuery) -> tuple[str, list[Any]]:
@@ -55,7 +72,7 @@ def _where(query: RunQuery) -> tuple[str, list[Any]]:
         where.append("updated_ms < ?")
         args.append(to_ms(query.updated_before))
     if query.workflow is not None:
-        where.append("json_extract(doc, '$.workflow.name') = ?")
+        where.append(f"{json_field('$.workflow.name')} = ?")
         args.append(query.workflow)
     if query.after_run_id is not None:
         where.append("run_id < ?" if query.newest_first else "run_id > ?")
@@ -143,13 +160,10 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         """SQLite's `json_extract` reads the three fields in C (one parse per row, cached
         across the three calls), so a page costs no Python JSON decode or validation."""
         where, args = _where(query)
-        sql = (
-            "SELECT run_id, json_extract(doc, '$.attempt'),"
-            " json_extract(doc, '$.publication.attempt'),"
-            f" json_extract(doc, '$.publication.stream_seq') FROM runs{where}"
-        )
+        fields = json_field("$.attempt", "$.publication.attempt", "$.publication.stream_seq")
+        sql = f"SELECT run_id, {fields} FROM runs{where}"
         rows = await self._read(lambda c: c.execute(sql, args).fetchall())
-        copies = [RunCopy(r, int(a), p, s) for r, a, p, s in rows]
+        copies = [_copy(run_id, fields) for run_id, fields in rows]
         next_after = copies[-1].run_id if len(copies) == query.limit and copies else None
         return RunCopyPage(copies=copies, next_after=next_after)
 

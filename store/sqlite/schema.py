@@ -64,6 +64,7 @@ def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
         path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
     )
     try:
+        conn.create_function("runfleet_json_extract", -1, json_extract, deterministic=True)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -72,6 +73,34 @@ def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def json_extract(doc: str, *paths: str) -> Any:
+    """SQLite's `json_extract` (one path: the value; several: their JSON array) for a document
+    SQLite's own JSON functions refuse: Python's `json` writes a NaN or an infinity a node
+    output as `NaN`/`Infinity`. Queries call it only where `json_valid(doc)` is false
+    (`json_field`), so it costs nothing on other rows. Plain `$.a.b` paths only."""
+    try:
+        value = json.loads(doc)
+    except json.JSONDecodeError:
+        return None
+    found = []
+    for path in paths:
+        node = value
+        for key in path.removeprefix("$.").split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        found.append(node if isinstance(node, str | int | float) or node is None else None)
+    return found[0] if len(found) == 1 else json.dumps(found, separators=(",", ":"))
+
+
+def json_field(*paths: str) -> str:
+    """The SQL of `json_extract(doc, paths...)` that reads every stored document, including
+    one SQLite's JSON functions refuse (see `json_extract`)."""
+    quoted = ", ".join(f"'{p}'" for p in paths)
+    return (
+        f"CASE WHEN json_valid(doc) THEN json_extract(doc, {quoted})"
+        f" ELSE runfleet_json_extract(doc, {quoted}) END"
+    )
 
 
 def translate(exc: sqlite3.Error, path: Path) -> StoreError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import math
 import secrets
 import sqlite3
 import uuid
@@ -30,6 +31,7 @@ from store.errors import (
     StoreError,
 )
 from store.models import (
+    Checkpoint,
     Interaction,
     InteractionStatus,
     Lease,
@@ -695,6 +697,31 @@ async def test_list_run_copies_pages_what_list_runs_pages_with_each_runs_recorde
         after = page.next_after
     assert sizes == [5, 5, 2]
     assert got == want
+
+
+async def test_a_run_whose_outputs_hold_nan_is_still_listed_by_every_query(
+    run_store: RunStore, make_run: MakeRun
+):
+    """A compute node may output NaN or an infinity (`float('nan')`, `10 ** 400` as a float).
+    The run keeps it, and no query that filters or projects documents fails on it: SQLite's
+    JSON functions refuse `NaN`, so one such run once failed every sweeper pass."""
+    at = utcnow()
+    odd = make_run(
+        status=RunStatus.RUNNING,
+        publication=Publication(attempt=1, stream_seq=3, at=at),
+        checkpoint=Checkpoint(outputs={"a": {"x": float("nan"), "y": float("inf")}}),
+    )
+    plain = make_run(status=RunStatus.RUNNING)
+    for doc in (odd, plain):
+        await run_store.create_run(doc)
+    stored = await run_store.get_run(odd.run_id)
+    assert stored.checkpoint is not None
+    x, y = stored.checkpoint.outputs["a"]["x"], stored.checkpoint.outputs["a"]["y"]
+    assert math.isnan(x) and y == float("inf")
+    page = await run_store.list_run_copies(RunQuery(statuses=[RunStatus.RUNNING]))
+    assert {c.run_id for c in page.copies} == {odd.run_id, plain.run_id}
+    named = await run_store.list_runs(RunQuery(workflow=odd.workflow.name))
+    assert odd.run_id in {r.run_id for r in named.runs}
 
 
 # -- events ------------------------------------------------------------------------------------
