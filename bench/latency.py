@@ -8,7 +8,9 @@ One fleet (R `runfleet runner` processes x S slots, SQLite store) serves three p
 
 "publish" is the moment the publisher calls `js.publish` for the run (a hook on `Publisher`);
 "claim" and "finished" are the `at` of the run's `run_claimed` and `run_finished` events,
-written by the runner processes (epoch milliseconds: the figures have 1 ms resolution).
+written by the runner processes (epoch milliseconds: the figures have 1 ms resolution). Since
+issue 19, a one-node run's `run_claimed` rides with its `finished` write (ADR-0014), so its `at`
+is the finish's: the two rows read the same, and "finished" is the figure that means something.
 
     python -m bench.latency [--quick] [--runners R] [--slots S] [--low-runs L] [--seconds D]
 """
