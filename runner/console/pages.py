@@ -248,6 +248,11 @@ async def _guarded(request: web.Request, handler: Next, logged_in: bool) -> web.
         return _error_page(request, status, body)
     except NATS_ERRORS as exc:
         return _error_page(request, 503, translate_nats_error(exc).to_dict())
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # the last line: logged here, shown as a page without internals
+        log.exception("%s %s failed", request.method, request.path)
+        return _error_page(request, 500, {"code": "internal", "message": "internal error (logged)"})
 
 
 async def login_form(request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ exit 1. One table here, so the CLI, the console and the API classify alike.
 
 from __future__ import annotations
 
+from engine.attachment_intake import LaunchFailed
 from engine.errors import WorkflowInvalid
 from engine.sandbox.kubernetes.settings import KubernetesSettingsInvalid
 from publisher.errors import NatsUnavailable, PublishFailed
@@ -40,14 +41,23 @@ driver's settings judged together when it opens (an image required, a pod templa
 not parse)."""
 
 
+def _meant(exc: RunfleetError) -> RunfleetError:
+    """A failure that says what stopped it reads as that: a launch whose attachments could
+    not be promoted because the blob store was down is "unreachable" (503, exit 4: retry),
+    not an internal error."""
+    if isinstance(exc, LaunchFailed) and isinstance(exc.__cause__, RunfleetError):
+        return _meant(exc.__cause__)
+    return exc
+
+
 def is_usage(exc: RunfleetError) -> bool:
     """A value the person gave (a setting) cannot be used: they fix it and try again."""
-    return isinstance(exc, USAGE)
+    return isinstance(_meant(exc), USAGE)
 
 
 def is_refusal(exc: RunfleetError) -> bool:
-    return isinstance(exc, Refusal | WorkflowInvalid)
+    return isinstance(_meant(exc), Refusal | WorkflowInvalid)
 
 
 def is_unreachable(exc: RunfleetError) -> bool:
-    return isinstance(exc, UNREACHABLE)
+    return isinstance(_meant(exc), UNREACHABLE)

@@ -313,3 +313,22 @@ async def test_console_a_filter_that_does_not_read_is_refused_with_the_accepted_
     assert status == 400 and "since: &#39;yesterday&#39; is not accepted" in html
     status, html = await get_html(api.client, "/ui/dlq?older_than=soon")
     assert status == 400 and "older_than" in html
+
+
+async def test_console_an_unexpected_error_is_an_html_error_page_not_json(
+    api: Api, monkeypatch: Any
+) -> None:
+    """A bug in a page's handler reaches the operator as the console's own error page (500,
+    HTML, no internals), not the API's JSON body."""
+    run = await put_run(api.env.store, status=RunStatus.FINISHED)
+
+    async def broken(run_id: str) -> Any:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(api.env.store, "get_run", broken)
+    resp = await api.client.get(f"/ui/runs/{run.run_id}")
+    html = await resp.text()
+    assert resp.status == 500
+    assert resp.headers["Content-Type"].startswith("text/html"), html[:300]
+    assert "internal error (logged)" in html
+    assert "secret internals" not in html

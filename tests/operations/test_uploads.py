@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from publisher import WireNames, WireSettings, ensure_streams
 from runner import operations as ops
 from runner.operations import Env
 from runner.operations import uploads as upload_ops
-from store import Eq, Refusal, RunQuery, RunStatus, RunStore, Update
+from store import Eq, Refusal, RunQuery, RunStatus, RunStore, StoreUnavailable, Update
 from store.blobs_fs import FilesystemBlobStore
 from store.blobs_s3 import S3BlobStore
 from store.config import StoreSettings
@@ -238,3 +239,26 @@ async def test_gc_deletes_a_settled_runs_attachments(att_env: Env, tmp_path: Pat
 
     assert report.runs == 1
     assert await att_env.blobs.list(f"runs/{run.run_id}/") == []
+
+
+@STORES
+async def test_a_launch_whose_promotion_meets_a_blob_outage_reads_as_unreachable(
+    att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames, monkeypatch: Any
+) -> None:
+    """Not an internal error: the caller may retry (the API's 503, the CLI's exit 4), and
+    nothing was queued."""
+    from runner.console.errors import status_for
+    from runner.operations import is_unreachable
+
+    async def down(*_: Any, **__: Any) -> None:
+        raise StoreUnavailable("blob store: connection refused")
+
+    monkeypatch.setattr(att_env.blobs, "put_file", down)
+    with pytest.raises(LaunchFailed) as caught:
+        await ops.launch(
+            att_env, example("hello.yaml"), {}, attach_paths={"spec": _file(tmp_path, "s", b"s")}
+        )
+    assert caught.value.code == "launch_failed"
+    assert is_unreachable(caught.value)
+    assert status_for(caught.value) == 503
+    assert await stream_messages(nats_conn.js, names) == []
