@@ -13,7 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("script", ["throughput", "latency", "recovery", "lease", "bank", "inproc", "sweep"])
+SCRIPTS = ["throughput", "latency", "recovery", "lease", "bank", "inproc", "sweep"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_benchmark_runs_quick_and_prints_its_summary(script: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", f"bench.{script}", "--quick"],
