@@ -72,10 +72,16 @@ class FencedWriter:
 
     async def _write_deferred_checkpoint(self) -> None:
         """A write fenced by token only never carries a checkpoint (SPEC §2): a deferred one
-        is written on its own first. Not a path a run takes (the deferral waits for an empty
-        teardown), but the order stays right if one ever does."""
+        is written on its own first. The path a run takes here is a status write that raised
+        (a store error): the release that follows first saves the last node's work, if the
+        lease is still ours. If it is not, the conflict marks the lease lost and the caller's
+        own write meets the same conflict and says so (`release` answers None: found by the
+        protocol model, a nak sent on an adopter's delivery)."""
         if self._checkpoint is not None:
-            await self.write_checkpoint(Checkpoint.model_validate(self._checkpoint))
+            try:
+                await self.write_checkpoint(Checkpoint.model_validate(self._checkpoint))
+            except LeaseLost:
+                return
 
     async def _write(
         self, conditions: Sequence[Condition], update: Update, events: Sequence[EventDraft] = ()
