@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Self, TypeVar
 
+from store.sqlite.checkpointer import WalCheckpointer
 from store.sqlite.schema import connect, translate
 from store.sqlite_worker import SqliteWorker
 
@@ -24,12 +25,17 @@ T = TypeVar("T")
 
 class SqliteConnection:
     def __init__(
-        self, path: Path, worker: SqliteWorker, inline: sqlite3.Connection | None = None
+        self,
+        path: Path,
+        worker: SqliteWorker,
+        inline: sqlite3.Connection | None = None,
+        checkpointer: WalCheckpointer | None = None,
     ) -> None:
         self.path = path
         self._worker = worker
         self._inline = inline
         self._inline_thread = threading.get_ident()
+        self.checkpointer = checkpointer
 
     @classmethod
     async def open(cls, path: Path | str, *, busy_timeout_ms: int = 10_000) -> Self:
@@ -44,7 +50,10 @@ class SqliteConnection:
             )
             inline = await asyncio.to_thread(connect, path, busy_timeout_ms)
             inline.execute("PRAGMA busy_timeout = 0")  # busy: hand the read to the thread
-        return cls(path, worker, inline)
+        checkpointer = WalCheckpointer(
+            lambda: connect(path, busy_timeout_ms), f"sqlite-checkpoint-{path.name}"
+        )
+        return cls(path, worker, inline, checkpointer)
 
     def _here(self) -> sqlite3.Connection | None:
         """The inline connection, on the thread that opened the store (its event loop's)."""
@@ -84,6 +93,9 @@ class SqliteConnection:
         await self._read(lambda c: c.execute("SELECT 1").fetchone())
 
     async def close(self) -> None:
+        if self.checkpointer is not None:
+            await asyncio.to_thread(self.checkpointer.close)
+            self.checkpointer = None
         await self._worker.close()
         if self._inline is not None:
             self._inline.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 from store.cas import Update
 from store.errors import StoreCorrupt, StoreError, StoreUnavailable
+from store.sqlite.checkpointer import BACKSTOP_PAGES
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -68,6 +69,9 @@ def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
+        # Checkpoints run on their own thread (`checkpointer`); a commit runs one only as a
+        # backstop, far past SQLite's default of 1 000 pages.
+        conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
         conn.executescript(_SCHEMA)
     except sqlite3.DatabaseError:
         conn.close()
