@@ -14,7 +14,7 @@ import pytest
 from publisher.wire import HDR_MSG_ID
 from runner.services import RunnerServices
 from runner.sweeper import LOCK, Sweeper
-from store import Eq, RunCopyPage, RunDocument, RunStatus, RunStore, Update, utcnow
+from store import Eq, RunDocument, RunStatus, RunStore, Update, utcnow
 from tests.runner.callables import body, bound_drain, idle_runner, lease, publish_raw
 from tests.runner.conftest import Fleet
 from tests.runner.test_sweeper import create, gone_copy, present, publication
@@ -35,23 +35,30 @@ async def svc(fleet: Fleet) -> RunnerServices:
     return services
 
 
-class AfterRead:
-    """The real store; `rival` runs once, right after the sweeper read the first run it
-    judges, so that judgement is made on a document that has since changed."""
+class RivalAfter:
+    """The real store; `rival` runs once, right after the sweeper's first call of `method`, so
+    what the sweeper goes on to judge has since changed."""
 
-    def __init__(self, inner: RunStore, rival: Callable[[], Awaitable[object]]) -> None:
+    def __init__(
+        self, inner: RunStore, method: str, rival: Callable[[], Awaitable[object]]
+    ) -> None:
         self.inner = inner
+        self.method = method
         self.rival: Callable[[], Awaitable[object]] | None = rival
 
-    async def get_run(self, run_id: str) -> RunDocument:
-        doc = await self.inner.get_run(run_id)
-        if self.rival is not None:
-            rival, self.rival = self.rival, None
-            await rival()
-        return doc
-
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        attr = getattr(self.inner, name)
+        if name != self.method:
+            return attr
+
+        async def then_rival(*args: Any, **kwargs: Any) -> Any:
+            result = await attr(*args, **kwargs)
+            if self.rival is not None:
+                rival, self.rival = self.rival, None
+                await rival()
+            return result
+
+        return then_rival
 
 
 def sweeper_on(svc: RunnerServices, **parts: Any) -> Sweeper:
@@ -96,7 +103,7 @@ async def test_sweeper_counter_cas_carries_the_publication_and_lease_free_it_rea
             Update(set={"lease": lease(1, ttl=30).model_dump()}, bump_version=False),
         )
 
-    sweeper = sweeper_on(svc, store=AfterRead(fleet.store, change))
+    sweeper = sweeper_on(svc, store=RivalAfter(fleet.store, "get_run", change))
     report = await sweeper.sweep_once(force=True)
     assert dict(report.actions) == {}
     doc = await fleet.store.get_run(run.run_id)
@@ -119,31 +126,12 @@ async def test_sweeper_missing_publication_branch_cases_before_it_publishes(
             Update(set={"status": S.CANCELLED}),
         )
 
-    sweeper = sweeper_on(svc, store=AfterRead(fleet.store, operator_cancel))
+    sweeper = sweeper_on(svc, store=RivalAfter(fleet.store, "get_run", operator_cancel))
     report = await sweeper.sweep_once(force=True)
     assert dict(report.actions) == {}
     assert await fleet.stream_messages() == 0  # no copy of a cancelled run on the queue
     doc = await fleet.store.get_run(run.run_id)
     assert (doc.status, doc.publication) == (S.CANCELLED, None)
-
-
-class AfterCopies:
-    """The real store; `rival` runs once, right after the sweeper read its first page of
-    `RunCopy` rows, before it reads any document."""
-
-    def __init__(self, inner: RunStore, rival: Callable[[], Awaitable[object]]) -> None:
-        self.inner = inner
-        self.rival: Callable[[], Awaitable[object]] | None = rival
-
-    async def list_run_copies(self, query: Any) -> RunCopyPage:
-        page = await self.inner.list_run_copies(query)
-        if self.rival is not None:
-            rival, self.rival = self.rival, None
-            await rival()
-        return page
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 async def test_sweeper_passes_over_a_run_that_left_the_swept_statuses_after_its_row_was_read(
@@ -161,7 +149,7 @@ async def test_sweeper_passes_over_a_run_that_left_the_swept_statuses_after_its_
             Update(set={"status": S.CANCELLED}),
         )
 
-    sweeper = sweeper_on(svc, store=AfterCopies(fleet.store, operator_cancel))
+    sweeper = sweeper_on(svc, store=RivalAfter(fleet.store, "list_run_copies", operator_cancel))
     report = await sweeper.sweep_once(force=True)
     assert dict(report.actions) == {}
     assert await fleet.stream_messages() == 0

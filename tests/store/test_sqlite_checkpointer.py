@@ -4,20 +4,12 @@ the backstop mark, ≈ 80 MB of WAL."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 from store.sqlite import SqliteRunStore
 from store.sqlite.checkpointer import BACKSTOP_PAGES
+from tests.runner.conftest import eventually
 from tests.store.conftest import MakeRun
-
-
-async def _until(probe, within: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while not probe():
-        assert time.monotonic() < deadline, "not within the deadline"
-        await asyncio.sleep(0.02)
 
 
 async def test_the_wal_is_checkpointed_in_the_background_while_the_store_is_open(
@@ -31,8 +23,12 @@ async def test_the_wal_is_checkpointed_in_the_background_while_the_store_is_open
         before = path.stat().st_size
         for _ in range(300):  # ≈ 1 MB of WAL: far below any automatic checkpoint's mark
             await store.create_run(make_run())
+
         # The rows reach the database file itself while the store stays open.
-        await _until(lambda: path.stat().st_size > before + 256 * 1024)
+        async def grown() -> bool:
+            return path.stat().st_size > before + 256 * 1024
+
+        await eventually(grown, within=10.0)
         assert checkpointer.checkpoints >= 1
         # The writers' own automatic checkpoint is only the backstop.
         mark = await store._read(lambda c: c.execute("PRAGMA wal_autocheckpoint").fetchone())
