@@ -7,7 +7,8 @@ synced. At a thousand runs a second the WAL passes that mark a few times a secon
 waits were the tail of publish → finished at 50 % load (issue 19). Here a thread with its own
 connection runs `PRAGMA wal_checkpoint(PASSIVE)` every `interval`: a passive checkpoint waits
 for no reader or writer, and the writers' own automatic checkpoint stays on at a far higher mark
-(`BACKSTOP_PAGES`) only as a backstop, should this thread fall behind or die.
+(`BACKSTOP_PAGES`) only as a backstop, should this thread fall behind or die. ADR-0009
+amendment 2 has the measurement.
 """
 
 from __future__ import annotations
