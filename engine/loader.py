@@ -101,24 +101,34 @@ _cache_lock = threading.Lock()
 
 
 def load_stored_workflow(text: str, filename: str) -> LoadedWorkflow:
-    """`load_workflow` for a run's stored source, memoised by source hash.
+    """`load_workflow` for a run's stored source, memoised by the source text.
 
     Every execution, resume and rewind re-reads the workflow from the run document; parsing it
     again each time was the largest single cost of a short run (docs/performance.md, fix 1).
-    The hash covers the whole text, and `Workflow` and its nodes are frozen models, so a cached
+    The key is the whole text (a dict's string hash and equality: cheaper than a SHA-256 of
+    it per delivery, issue 19), and `Workflow` and its nodes are frozen models, so a cached
     result is the same value a fresh load would give. Only successes are kept: an invalid
     source raises every time, with `filename` in the message.
     """
-    key = source_hash(text)
+    loaded = _cached(text, filename)
+    return loaded if loaded.filename == filename else replace(loaded, filename=filename)
+
+
+def stored_workflow(text: str, filename: str) -> Workflow:
+    """`load_stored_workflow(...).workflow`, without a copy of the cached result to carry
+    this caller's `filename` (the execution's hot path needs only the workflow)."""
+    return _cached(text, filename).workflow
+
+
+def _cached(text: str, filename: str) -> LoadedWorkflow:
     with _cache_lock:
-        hit = _cache.get(key)
+        hit = _cache.get(text)
         if hit is not None:
-            _cache.move_to_end(key)
-    if hit is not None:
-        return hit if hit.filename == filename else replace(hit, filename=filename)
+            _cache.move_to_end(text)
+            return hit
     loaded = load_workflow(text, filename)
     with _cache_lock:
-        _cache[key] = loaded
+        _cache[text] = loaded
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return loaded

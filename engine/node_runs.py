@@ -46,8 +46,14 @@ class NodeRuns:
     cancel: CancelSignal
     settings: EngineSettings
     blobs: BlobStore | None
-    attached: RunAttachments
-    workspace: Path
+
+    @property
+    def attached(self) -> RunAttachments:
+        raise NotImplementedError
+
+    @property
+    def workspace(self) -> Path:
+        raise NotImplementedError
 
     @property
     def workflow(self) -> Workflow:

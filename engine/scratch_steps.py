@@ -38,11 +38,13 @@ class Execution(Protocol):
     driver: SandboxDriver
     events: EventLog
     host_backed: bool
-    scratch: Path
     scratch_held: bool
     scratch_marked: bool
     settings: EngineSettings
     writer: FencedWriter
+
+    @property
+    def scratch(self) -> Path: ...
 
     @property
     def workflow(self) -> Workflow: ...

@@ -16,6 +16,7 @@ from nats.js import JetStreamContext
 from engine.cancel import CancelSignal
 from engine.config import EngineSettings
 from engine.execution import EngineEnv
+from engine.lease import LeaseTiming
 from engine.sandbox.protocols import SandboxDriver
 from engine.scratch import host_backed_of
 from publisher.config import WireSettings
@@ -52,9 +53,16 @@ class RunnerServices:
     executions: dict[str, CancelSignal] = field(default_factory=dict)
     draining: bool = False
 
-    @property
+    # The settings are read once at start and never change: what is derived from them is
+    # derived once (recomputing these per delivery was ≈ 3 % of one, issue 19's profile).
+
+    @cached_property
+    def lease(self) -> LeaseTiming:
+        return self.engine.lease_timing()
+
+    @cached_property
     def timing(self) -> AdmissionTiming:
-        lease = self.engine.lease_timing()
+        lease = self.lease
         return AdmissionTiming(
             skew=lease.skew,
             lease_interval=lease.interval,
@@ -80,8 +88,8 @@ class RunnerServices:
 
     @property
     def ttl(self) -> timedelta:
-        return self.engine.lease_timing().ttl
+        return self.lease.ttl
 
     @property
     def skew(self) -> timedelta:
-        return self.engine.lease_timing().skew
+        return self.lease.skew

@@ -413,4 +413,4 @@ def test_stored_workflow_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     texts = [VALID + f"# bound {i}\n" for i in range(5)]
     for text in texts:
         loader.load_stored_workflow(text, "run")
-    assert list(loader._cache) == [loader.source_hash(t) for t in texts[2:]]
+    assert list(loader._cache) == texts[2:]

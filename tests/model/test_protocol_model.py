@@ -902,7 +902,7 @@ async def _model_dispose(
     return plan
 
 
-_REAL_LOAD = engine.loader.load_stored_workflow
+_REAL_LOAD = engine.loader.stored_workflow
 
 
 def _model_load(text: str, filename: str) -> Any:
@@ -1087,7 +1087,7 @@ class ProtocolModel(RuleBasedStateMachine):
         self._patch(runner.delivery, "EventLog", ModelEventLog)
         self._patch(runner.delivery, "Execution", ModelExecution)
         self._patch(runner.delivery, "dispose_outcome", _model_dispose)
-        self._patch(engine.execution, "load_stored_workflow", _model_load)
+        self._patch(engine.execution, "stored_workflow", _model_load)
 
     def _patch(self, obj: Any, name: str, value: Any) -> None:
         self._patches.append((obj, name, getattr(obj, name)))
