@@ -38,6 +38,7 @@ from runner.deliveries import Delivery
 from runner.delivery import handle
 from runner.health import HealthServer
 from runner.metrics import RunnerMetrics
+from runner.puller import Puller, PullRefused
 from runner.services import RunnerServices, default_owner
 from runner.supervisor import TaskGroup
 from runner.sweeper import Sweeper
@@ -85,7 +86,7 @@ class Runner:
         self._slot_freed = asyncio.Event()
         self._stopped = asyncio.Event()
         self._shutdown_started = False
-        self._pull_subs: list[JetStreamContext.PullSubscription] = []
+        self._pull_subs: list[Puller | JetStreamContext.PullSubscription] = []
         self.last_progress = time.monotonic()
         self._ack_pending_read = 0.0
 
@@ -126,9 +127,9 @@ class Runner:
         self.http = HealthServer(self)
         await self.http.start(self.settings.http_host, self.settings.http_port)
         if self.consume:
-            psub = await js.pull_subscribe_bind(self.names.consumer, stream=self.names.runs_stream)
-            self._pull_subs.append(psub)
-            self._tasks.spawn(self._fetch_loop(psub), name="loop:fetch", critical=True)
+            puller = Puller(nc, self.names.runs_stream, self.names.consumer)
+            self._pull_subs.append(await puller.subscribe())
+            self._tasks.spawn(self._fetch_loop(puller), name="loop:fetch", critical=True)
         if self.settings.sweeper:
             sweeper = Sweeper(self.svc)
             self._tasks.spawn(sweeper.loop(), name="loop:sweeper", critical=True)
@@ -213,7 +214,7 @@ class Runner:
     def inflight(self) -> int:
         return len(self._tasks.named("delivery:")) if self._tasks else 0
 
-    async def _fetch_loop(self, psub: JetStreamContext.PullSubscription) -> None:
+    async def _fetch_loop(self, puller: Puller) -> None:
         assert self.svc is not None and self._tasks is not None
         timeout = self.settings.fetch_timeout.total_seconds()
         while not self._stop_fetching.is_set():
@@ -226,14 +227,12 @@ class Runner:
                     await asyncio.wait_for(self._slot_freed.wait(), timeout)
                 continue
             try:
-                msgs = await psub.fetch(batch=free, timeout=timeout)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
+                msgs = await puller.fetch(free, timeout)
             except nats.errors.ConnectionClosedError:
                 if self._stop_fetching.is_set():
                     return
                 raise
-            except nats.errors.Error as exc:
+            except (nats.errors.Error, PullRefused) as exc:
                 log.warning("fetch failed (%r); retrying", exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_fetching.wait(), timeout)
