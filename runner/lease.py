@@ -38,7 +38,7 @@ class HeldLease:
             run.run_id,
             run.lease.token,
             run.lease.expires_at,
-            svc.engine.lease_timing(),
+            svc.lease,
             cancel,
             on_beat=self._beat,
         )

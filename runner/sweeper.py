@@ -277,7 +277,7 @@ class Sweeper:
             if now - run.attempt_at < svc.wire.sweeper_grace:
                 return None
             return await self._republish_missing(run)
-        if now - pub.at < svc.engine.lease_timing().interval:
+        if now - pub.at < svc.lease.interval:
             return None
         if not await self._message_gone(pub.stream_seq):
             return None

@@ -117,8 +117,12 @@ def translate(exc: sqlite3.Error, path: Path) -> StoreError:
     return StoreError(f"SQLite store {path}: {exc}")
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""One encoder for every write: `json.dumps` with options builds a new one per call."""
+
+
 def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(doc)
 
 
 def loads(text: str, what: str, ident: str) -> Any:
