@@ -265,6 +265,8 @@ async def runfleet_round(
         await asyncio.sleep(0.5)
         cpu0 = sum(p.cpu_seconds() for p in procs)
         io0 = sum(p.written_bytes() for p in procs)
+        if profile is not None:
+            spies = _start_spies(profile, procs)
         t0 = time.time()
         await launch_many(rnd.publisher, workflow, n, concurrency=1)
         await rnd.wait_finished(n, within=max(120.0, n / 20))
@@ -416,7 +418,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--count-runs", type=int, default=500, help="runs in the counting pass")
     ap.add_argument("--modes", default="drain,e2e")
-    ap.add_argument("--py-spy", help="py-spy binary: profile B's runners in an extra drain round")
+    ap.add_argument(
+        "--py-spy", help="py-spy binary: profile B's runners in an extra round of the first mode"
+    )
     ap.add_argument("--profile-dir", type=Path, default=Path("bench-profile"))
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores)")
     args = ap.parse_args()
@@ -435,11 +439,11 @@ async def main() -> int:
     print(f"throughput: {r} processes x {s} slots/tasks; {machine()}")
     results: dict[tuple[str, str], list[Result]] = {}
     async with Bench("throughput", lease=lease, keep=args.keep) as bench:
-        if args.py_spy:  # an extra drain round under the profiler, not counted
-            prof = await runfleet_round(
-                bench, "drain", 0, args.runs, r, s, (args.py_spy, args.profile_dir)
-            )
-            print(f"  profiled drain: B {prof.rate:,.0f} runs/s (py-spy attached; not counted)")
+        if args.py_spy:  # an extra round of the first mode under the profiler, not counted
+            mode = modes[0]
+            n = args.runs if mode == "drain" else args.e2e_runs
+            prof = await runfleet_round(bench, mode, 0, n, r, s, (args.py_spy, args.profile_dir))
+            print(f"  profiled {mode}: B {prof.rate:,.0f} runs/s (py-spy attached; not counted)")
         for mode in modes:
             for i in range(1, args.rounds + 1):
                 n_a = args.msgs if mode == "drain" else args.e2e_msgs

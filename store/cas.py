@@ -195,7 +195,7 @@ def _check_disjoint(update: Update) -> None:
     if both := sorted(sets & unsets):
         raise UnwritablePath(f"{both[0]!r} is both set and unset in one write")
     every = sets | unsets
-    for path in sorted(every):
+    for path in sorted(p for p in every if "." in p):  # only a dotted path has a parent
         parts = path.split(".")
         for i in range(1, len(parts)):
             if (parent := ".".join(parts[:i])) in every:
