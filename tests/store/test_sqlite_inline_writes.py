@@ -1,0 +1,108 @@
+"""Writes on the event loop's own thread while the store thread is idle (issue 19, ADR-0009
+amendment 3): a lone write is its own transaction right where it is awaited; when the store
+thread has work, or another connection holds the write lock, it queues for group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from store.errors import RunAlreadyExists
+from store.sqlite import SqliteRunStore
+from tests.store.conftest import MakeRun
+from tests.store.test_sqlite_group_commit import Gate
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteRunStore]:
+    opened = await SqliteRunStore.open(tmp_path / "runs.db", busy_timeout_ms=20_000)
+    yield opened
+    await opened.close()
+
+
+def traced(conn: sqlite3.Connection | None) -> list[str]:
+    assert conn is not None
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    return statements
+
+
+def inserts(statements: list[str]) -> list[str]:
+    return [s for s in statements if s.startswith("INSERT INTO runs")]
+
+
+async def test_a_write_while_the_store_thread_is_idle_commits_on_the_loop_thread(
+    store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    here, there = traced(store._inline), traced(store._worker._conn)
+    run = make_run()
+    assert await store.create_run(run) == run
+    assert len(inserts(here)) == 1 and here[0] == "BEGIN IMMEDIATE" and here[-1] == "COMMIT"
+    assert inserts(there) == []
+    assert (await store.get_run(run.run_id)).run_id == run.run_id
+
+
+async def test_a_write_while_the_store_thread_is_busy_queues_for_group_commit(
+    store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    here, there = traced(store._inline), traced(store._worker._conn)
+    gate = Gate()
+    held = asyncio.ensure_future(store._worker.write(gate))
+    assert await asyncio.to_thread(gate.entered.wait, 10)
+    runs = [make_run() for _ in range(3)]
+    writes = [asyncio.ensure_future(store.create_run(r)) for r in runs]
+    await asyncio.sleep(0)  # every write is submitted behind the gate
+    gate.release.set()
+    await held
+    assert await asyncio.gather(*writes) == runs
+    assert inserts(here) == []
+    assert len(inserts(there)) == 3
+    assert len([s for s in there if s == "COMMIT"]) == 2  # the gate's batch, then the three
+
+
+async def test_a_write_that_finds_the_lock_taken_waits_on_the_store_thread_and_lands(
+    store: SqliteRunStore, make_run: MakeRun, tmp_path: Path
+) -> None:
+    here, there = traced(store._inline), traced(store._worker._conn)
+    blocker = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    run = make_run()
+    try:
+        write = asyncio.ensure_future(store.create_run(run))
+        done, _ = await asyncio.wait({write}, timeout=0.3)
+        assert not done, "the write should wait for the lock, not fail"
+        assert here == ["BEGIN IMMEDIATE"]  # tried here, found busy, nothing ran
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert await write == run
+    assert len(inserts(there)) == 1
+    assert (await store.get_run(run.run_id)).run_id == run.run_id
+
+
+async def test_a_write_that_raises_on_the_loop_thread_rolls_back_and_raises_its_typed_error(
+    store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    here = traced(store._inline)
+    run = make_run()
+    await store.create_run(run)
+    with pytest.raises(RunAlreadyExists):
+        await store.create_run(run)
+    assert here[-1] == "ROLLBACK"
+    assert store._inline is not None and not store._inline.in_transaction
+    other = make_run()
+    assert await store.create_run(other) == other  # the store goes on
+
+
+async def test_a_write_from_another_thread_goes_through_the_store_thread(
+    store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    here, there = traced(store._inline), traced(store._worker._conn)
+    run = make_run()
+    assert await asyncio.to_thread(asyncio.run, store.create_run(run)) == run
+    assert inserts(here) == []
+    assert len(inserts(there)) == 1
