@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from store import RunfleetError
+from publisher.errors import NatsRequestFailed
 
 STATUS = "Status"
 DESCRIPTION = "Description"
@@ -40,7 +40,7 @@ _GRACE_S = 1.0
 giving the request up (a connection that dropped it): the next request is a fresh one."""
 
 
-class PullRefused(RunfleetError, code="pull_refused"):
+class PullRefused(NatsRequestFailed, code="pull_refused"):
     """JetStream refused a pull request with a status other than "no messages" or "expired":
     `409` (consumer deleted, leadership change, too many waiting requests) or `503` (no
     responders: JetStream or the consumer is not there). The fetch loop waits and pulls again."""

@@ -49,6 +49,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     │   ├── JetStreamUnavailable                jetstream_unavailable
     │   └── StreamNotFound                      stream_not_found
     ├── NatsRequestFailed                       nats_request_failed
+    │   └── PullRefused                         pull_refused
     ├── PublishFailed                           publish_failed
     ├── DuplicatePublication                    duplicate_publication
     ├── StreamConfigConflict                    stream_config_conflict
