@@ -55,22 +55,18 @@ async def test_a_publish_that_fails_retryably_is_tried_again_after_0_1_then_0_2_
     assert gaps[0] >= 0.1 and gaps[1] >= 0.2, gaps
 
 
-async def test_a_publish_stops_at_its_attempt_cap(publisher: Publisher) -> None:
+@pytest.mark.parametrize("attempts", [3, 1], ids=["three_tries", "one_try_never_retried"])
+async def test_a_publish_stops_at_its_attempt_cap(publisher: Publisher, attempts: int) -> None:
     js = flaky(
-        publisher, 10, nats.errors.TimeoutError(), publish_attempts=3, publish_retry_budget="5s"
+        publisher,
+        10,
+        nats.errors.TimeoutError(),
+        publish_attempts=attempts,
+        publish_retry_budget="5s",
     )
-    with pytest.raises(PublishFailed, match="after 3 tries"):
+    with pytest.raises(PublishFailed, match=f"after {attempts} tries"):
         await publisher.launch(example("hello.yaml"), {}, tenant="default")
-    assert len(js.calls) == 3
-
-
-async def test_a_publish_with_one_attempt_is_never_retried(publisher: Publisher) -> None:
-    js = flaky(
-        publisher, 10, nats.errors.TimeoutError(), publish_attempts=1, publish_retry_budget="5s"
-    )
-    with pytest.raises(PublishFailed, match="after 1 tries"):
-        await publisher.launch(example("hello.yaml"), {}, tenant="default")
-    assert len(js.calls) == 1
+    assert len(js.calls) == attempts
 
 
 async def test_a_publish_is_not_retried_after_a_try_that_failed_past_its_retry_budget(
