@@ -77,7 +77,9 @@ class SqliteWorker:
         self._queue: queue.SimpleQueue[_Op | _Stop] = queue.SimpleQueue()
         self._max_batch = max_batch
         self._closed = False
-        self._outstanding = 0
+        self._in_flight: set[asyncio.Future[Any]] = set()
+        """Submitted and not yet settled. A set, not a counter: `add` and `discard` are each one
+        step under the GIL, so a store used from a second thread's loop cannot skew it."""
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -105,19 +107,16 @@ class SqliteWorker:
             raise StoreError("the SQLite store is closed")
         loop = asyncio.get_running_loop()
         op = _Op(fn, writes, loop, loop.create_future())
-        self._outstanding += 1
-        op.future.add_done_callback(self._settled)
+        self._in_flight.add(op.future)
+        op.future.add_done_callback(self._in_flight.discard)
         self._queue.put(op)
         return op.future
 
-    def _settled(self, _future: asyncio.Future[Any]) -> None:
-        self._outstanding -= 1
-
     @property
     def idle(self) -> bool:
-        """Nothing submitted from the event loop is waiting or running on the thread: a write
-        now would be a batch of one (read on the loop that submits)."""
-        return self._outstanding == 0
+        """Nothing submitted is waiting or running on the thread: a write now would be a batch
+        of one."""
+        return not self._in_flight
 
     async def close(self) -> None:
         """Finish what is queued, close the connection, and end the thread."""
