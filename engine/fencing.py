@@ -60,7 +60,33 @@ class FencedWriter:
         """Told just before a status write that also drops the lease: the lease keeper stops,
         so its next beat does not mistake the release for a lost lease."""
         self._checkpoint: dict[str, Any] | None = None
-        """The run's last boundary checkpoint, riding with the status write (`defer_checkpoint`)."""
+        """A checkpoint not yet written (`_hold`): the next fenced state write carries it."""
+        self._says: list[EventDraft] = []
+        """What describes `_checkpoint` (a node's `node_finished`, and the narration said
+        before it): it lands in the write that carries the checkpoint, or not at all."""
+
+    def _hold(self, checkpoint: Checkpoint, events: Sequence[EventDraft] = ()) -> None:
+        """Keep `checkpoint` until a write lands it, with everything said so far and `events`.
+        A write that raises (a store error) keeps them held, and the next fenced write — the
+        outcome's status, or the release's checkpoint — carries them together: `node_finished`
+        never lands without the checkpoint that completes its node, and no later event (an
+        `emit` during teardown) flushes it on its own. Otherwise a resume re-runs a node the
+        log says finished (SPEC §13.6; found by the chaos soak's store-fault window)."""
+        said = self.events.take() if self.events is not None else []
+        self._checkpoint = checkpoint.model_dump()
+        self._says = [*self._says, *said, *events]
+
+    def _carry(self, fields: dict[str, Any]) -> list[EventDraft]:
+        """Put the held checkpoint into `fields`; the events that ride first with it."""
+        if self._checkpoint is None:
+            return []
+        fields["checkpoint"] = self._checkpoint
+        return list(self._says)
+
+    def _drop_held(self) -> None:
+        """The held checkpoint landed, or a write of it was refused (the run moved on)."""
+        self._checkpoint = None
+        self._says = []
 
     def defer_checkpoint(self, checkpoint: Checkpoint) -> None:
         """The run's last node boundary, when its outcome's status write follows at once
@@ -68,40 +94,51 @@ class FencedWriter:
         writes share one fence (SPEC §2), so the pair lands or is refused as one; a crash
         before it re-runs the last node, as one a moment earlier would (§6.2: at-least-once).
         ADR-0014 amendment 1 (issue 19: one write fewer per run)."""
-        self._checkpoint = checkpoint.model_dump()
+        self._hold(checkpoint)
 
-    async def _write_deferred_checkpoint(self) -> None:
-        """A write fenced by token only never carries a checkpoint (SPEC §2): a deferred one
-        is written on its own first. The path a run takes here is a status write that raised
+    async def _write_held_checkpoint(self) -> None:
+        """A write fenced by token only never carries a checkpoint (SPEC §2): a held one is
+        written on its own first. The path a run takes here is a status write that raised
         (a store error): the release that follows first saves the last node's work, if the
         lease is still ours. If it is not, the conflict marks the lease lost and the caller's
         own write meets the same conflict and says so (`release` answers None: found by the
         protocol model, a nak sent on an adopter's delivery)."""
         if self._checkpoint is not None:
             try:
-                await self.write_checkpoint(Checkpoint.model_validate(self._checkpoint))
+                await self._write_checkpoint({})
             except LeaseLost:
                 return
 
     async def _write(
-        self, conditions: Sequence[Condition], update: Update, events: Sequence[EventDraft] = ()
+        self,
+        conditions: Sequence[Condition],
+        update: Update,
+        events: Sequence[EventDraft] = (),
+        *,
+        held: Sequence[EventDraft] = (),
     ) -> RunDocument | CasConflict:
-        """One fenced write with the pending narration and `events`: inside it when the log
-        rides (a write that raises gives the narration back for the next write; a refused one
-        drops it, as a lost lease appends nothing), else appended right after it lands."""
+        """One fenced write with `held` (what describes the checkpoint it carries), the pending
+        narration and `events`, in that order: inside it when the log rides (a write that
+        raises gives the pending narration back for the next write; a refused one drops it, as
+        a lost lease appends nothing), else appended right after it lands."""
         log = self.events
         if log is None:
-            return await self.store.update_run(self.run_id, conditions, update, events=events)
+            return await self.store.update_run(
+                self.run_id, conditions, update, events=[*held, *events]
+            )
         if not log.rides:
             result = await self.store.update_run(self.run_id, conditions, update)
             if not isinstance(result, CasConflict):
+                log.give_back(list(held))
                 await log.flush(*events)
             return result
-        drafts = log.take(*events)
+        pending = log.take()
         try:
-            return await self.store.update_run(self.run_id, conditions, update, events=drafts)
+            return await self.store.update_run(
+                self.run_id, conditions, update, events=[*held, *pending, *events]
+            )
         except BaseException:
-            log.give_back(drafts[: len(drafts) - len(events)])
+            log.give_back(pending)
             raise
 
     @property
@@ -134,12 +171,18 @@ class FencedWriter:
         *,
         events: Sequence[EventDraft] = (),
     ) -> RunDocument:
+        """Write a node boundary, with `events` (and what was said before it) riding on it. A
+        write that raises keeps all of it held for the next fenced write (`_hold`)."""
         self._guard()
-        update = Update(set={"checkpoint": checkpoint.model_dump(), **(extra or {})})
+        self._hold(checkpoint, events)
+        return await self._write_checkpoint(dict(extra or {}))
+
+    async def _write_checkpoint(self, fields: dict[str, Any]) -> RunDocument:
+        held = self._carry(fields)
         result = await self._write(
-            [*self._fence(), Eq("status", RunStatus.RUNNING)], update, events
+            [*self._fence(), Eq("status", RunStatus.RUNNING)], Update(set=fields), held=held
         )
-        self._checkpoint = None  # landed or refused, this one supersedes a deferred one
+        self._drop_held()  # landed, or refused: the run moved on without it
         if isinstance(result, CasConflict):
             current = self._judge(result)
             raise LeaseLost(f"run {self.run_id}: checkpoint refused in status {current.status}")
@@ -174,20 +217,20 @@ class FencedWriter:
             "cause_code": cause_code,
             **(extra or {}),
         }
-        if self._checkpoint is not None:
-            fields["checkpoint"] = self._checkpoint
+        held = self._carry(fields)
         if release:
             self.release_sent = True
             if self.on_release is not None:
                 self.on_release()
         update = Update(set=fields, unset=["lease"] if release else [])
-        result = await self._write(conds, update, events)
+        result = await self._write(conds, update, events, held=held)
         if not isinstance(result, CasConflict):
-            self._checkpoint = None
+            self._drop_held()
             return result
         current = self._judge(result)
         if current.cancel_requested and current.status is RunStatus.RUNNING:
-            return await self.write_cancelled(release=release)
+            return await self.write_cancelled(release=release)  # the held checkpoint rides
+        self._drop_held()
         raise LeaseLost(f"run {self.run_id}: status write refused in status {current.status}")
 
     async def write_cancelled(self, *, release: bool = False) -> RunDocument:
@@ -199,15 +242,14 @@ class FencedWriter:
             "failure_code": None,
             "error": None,
         }
-        if self._checkpoint is not None:
-            fields["checkpoint"] = self._checkpoint
+        held = self._carry(fields)
         result = await self._write(
             [*self._fence(), Eq("status", RunStatus.RUNNING)],
             Update(set=fields, unset=["lease"] if release else []),
             [EventDraft("run_cancelled", {}, self.attempt, self.token)],
+            held=held,
         )
-        if not isinstance(result, CasConflict):
-            self._checkpoint = None
+        self._drop_held()
         if isinstance(result, CasConflict):
             self._judge(result)
             raise LeaseLost(f"run {self.run_id}: cancel write refused")
@@ -217,7 +259,7 @@ class FencedWriter:
         """Record fields (`scratch`, `metrics`): fenced by token only, so a resume queued while
         this execution still banks does not fence out its bank record."""
         self._guard()
-        await self._write_deferred_checkpoint()
+        await self._write_held_checkpoint()
         result = await self._write([Eq("lease.token", self.token)], Update(set=dict(fields)))
         if isinstance(result, CasConflict):
             self._judge(result)
@@ -228,7 +270,7 @@ class FencedWriter:
         """Drop the lease (token only). None when it was already gone: nothing to release."""
         if self.lost:
             return None
-        await self._write_deferred_checkpoint()
+        await self._write_held_checkpoint()
         result = await self._write([Eq("lease.token", self.token)], Update(unset=["lease"]))
         if not isinstance(result, CasConflict):
             return result

@@ -12,17 +12,28 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.cancel import CancelSignal
 from engine.config import EngineSettings
+from engine.events import EventLog
 from engine.execution import Execution
 from engine.fencing import FencedWriter, LeaseLost
 from engine.lease import LeaseKeeper
 from engine.loader import LoadedWorkflow
 from engine.outcome import CancelReason, Interrupted
-from store import Checkpoint, Eq, Event, RunDocument, RunStatus, RunStore, Update
+from store import (
+    Checkpoint,
+    Eq,
+    Event,
+    RunDocument,
+    RunStatus,
+    RunStore,
+    StoreUnavailable,
+    Update,
+)
 from tests.engine import callables
 
 Load = Callable[[str], LoadedWorkflow]
@@ -219,3 +230,50 @@ async def test_a_pending_cancel_beats_every_status_write_but_finished(
     assert failed.failure_code is None
     assert failed.cancel_requested is False
     assert finished.status is RunStatus.FINISHED
+
+
+class _OnceUnavailable:
+    """The store, whose next write carrying a checkpoint raises (an outage; nothing lands)."""
+
+    def __init__(self, inner: RunStore) -> None:
+        self.inner = inner
+        self.armed = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def update_run(self, run_id: str, conditions: Any, update: Update, **kw: Any) -> Any:
+        if self.armed and "checkpoint" in update.set:
+            self.armed = False
+            raise StoreUnavailable("the store went away (test)")
+        return await self.inner.update_run(run_id, conditions, update, **kw)
+
+
+@pytest.mark.parametrize("rides", [True, False], ids=["fleet", "local"])
+async def test_node_finished_never_lands_without_the_checkpoint_that_completes_its_node(
+    store: RunStore, load: Load, claim: Claim, events: Events, rides: bool
+) -> None:
+    """SPEC §13.6. A boundary write that raises keeps its checkpoint and its `node_finished`
+    held: an event emitted meanwhile (a teardown's) does not flush `node_finished` on its own,
+    and the release's checkpoint write carries both."""
+    run, token = await claim(load("gate"))
+    flaky = _OnceUnavailable(store)
+    cancel = CancelSignal()
+    writer = FencedWriter(flaky, run.run_id, token, run.attempt, cancel)  # type: ignore[arg-type]
+    log = EventLog(flaky, run.run_id, run.attempt, token, cancel, defer=rides)  # type: ignore[arg-type]
+    writer.events = log
+    log.defer("node_finished", node="hold")
+    boundary = Checkpoint(completed=["hold"], restart_node="after", progress=1)
+    with pytest.raises(StoreUnavailable):
+        await writer.write_checkpoint(boundary)
+
+    await log.emit("sandbox_stopped")
+    said = [e.type for e in await events(run.run_id)]
+    assert said[-1] == "sandbox_stopped" and "node_finished" not in said
+    assert (await store.get_run(run.run_id)).checkpoint != boundary
+
+    released = await writer.release()
+    assert released is not None and released.lease is None
+    assert released.checkpoint == boundary
+    said = [e.type for e in await events(run.run_id)]
+    assert said.count("node_finished") == 1 and said[-1] == "node_finished"

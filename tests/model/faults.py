@@ -5,13 +5,14 @@ Two families, both drawn by hypothesis in `test_protocol_model.py`:
 - **errors under the runner's own feet**: one-shot faults armed at a named point (`POINTS`).
   Before the claim a store error (SPEC v2.2 §5.1: nak, never a DLQ record); under the held lease
   an error at every step from the claim's winning CAS to the disposition — the sandbox driver's
-  `stop_others`, the `run_claimed` append, a stored workflow that no longer loads, the
-  sandbox's stop in teardown — which must become one `INTERNAL_ERROR` outcome; the sandbox's
-  start and the bank's read when a banked scratch is restored (SPEC §7.4), which must become
-  the restore's own typed failure and hold the bank; and the store
-  going away between the engine and the disposition (the status write, the park, the release,
-  the drain's handoff CAS, the status events, the cancel read before a park), which must nak
-  with no record standing. A store fault may lose its reply: the write lands and the caller
+  `stop_others`, the `run_claimed` append, a stored workflow that no longer loads, a node
+  boundary's checkpoint write, the sandbox's stop in teardown — which must become one
+  `INTERNAL_ERROR` outcome, its `node_finished` never landing without its checkpoint (§13.6);
+  the sandbox's start and the bank's read when a banked scratch is restored (SPEC §7.4), which
+  must become the restore's own typed failure and hold the bank; and the store going away
+  between the engine and the disposition (the status write, the park, the release, the
+  drain's handoff CAS, the status events, the cancel read before a park), which must nak with
+  no record standing. A store fault may lose its reply: the write lands and the caller
   still sees the error, as a client does when the connection drops after the server
   committed. And one fault outside the runner: the backstop's park meeting an unexpected
   error (its catch-all records `internal_error`);
@@ -59,6 +60,7 @@ POINTS = (
     "stop_others",  # the driver, in `Execution.begin`
     "run_claimed",  # the claim's first event, in `Execution.begin`
     "load",  # the run's stored workflow, parsed lazily under the held lease
+    "checkpoint",  # a node boundary's checkpoint write, before the engine returned
     "sandbox_start",  # the driver's start, when a banked scratch is restored (§7.4)
     "bank_read",  # the banked archive's read from the blob store, at the restore (§7.4)
     "teardown",  # the sandbox's stop
@@ -72,7 +74,9 @@ POINTS = (
 )
 POST_ENGINE_STORE = frozenset({"status", "park_read", "park", "release", "handoff", "event"})
 """The store points between the engine and the disposition."""
-LOST_REPLY = frozenset({ADMISSION, "status", "park", "release", "handoff", "event", BACKSTOP})
+LOST_REPLY = frozenset(
+    {ADMISSION, "checkpoint", "status", "park", "release", "handoff", "event", BACKSTOP}
+)
 """Store points where a fault may land the write and still raise."""
 
 

@@ -493,7 +493,7 @@ class WatchedStore:
             self.model.on_write(ACTOR.get(), pre, list(conditions), update, result)
             # The events that rode with the write are judged like appended ones (issue 19).
             for ev in await self.inner.read_events(run_id, seen, 100_000) if events else []:
-                self.model.on_event(ACTOR.get(), ev)
+                self.model.on_event(ACTOR.get(), ev, result)
         if point is not None and lost:
             raise self._error(point, f"reply lost: {_describe(update)}")
         return result
@@ -510,7 +510,7 @@ class WatchedStore:
         if lost is False:
             raise self.model.inject(outage(f"append {type}"))
         ev = await self.inner.append_event(run_id, type, data, **kw)
-        self.model.on_event(ACTOR.get(), ev)
+        self.model.on_event(ACTOR.get(), ev, await self.inner.get_run(run_id))
         if lost:
             raise self.model.inject(outage(f"reply lost: append {type}"))
         return ev
@@ -558,8 +558,11 @@ def _store_point(update: Update | None, *, event: bool = False) -> str | None:
         return ADMISSION
     live = actor.live
     after_engine = live is not None and live.outcome is not None
+    if update is not None and not after_engine:
+        boundary = "checkpoint" in update.set and "status" not in update.set
+        return "checkpoint" if boundary and live is not None else None
     if update is not None:
-        return write_point(update) if after_engine else None
+        return write_point(update)
     if not after_engine:
         return None
     return "event" if event else "park_read"  # the only read after the engine: `_park`'s
@@ -1503,11 +1506,20 @@ class ProtocolModel(RuleBasedStateMachine):
         if usage is not None and exceeded(post.budget, usage) is not None:
             self.violation("claimed_over_budget", f"{who}: {exceeded(post.budget, usage)}")
 
-    def on_event(self, actor: Actor | None, ev: Event) -> None:
+    def on_event(self, actor: Actor | None, ev: Event, doc: RunDocument) -> None:
+        """`doc`: the run as the write that carried `ev` left it (or as read after an append)."""
         if actor is not None and actor.verdict in ("superseded", "duplicate"):
             self.violation("superseded_appended", f"{actor.name} ({actor.verdict}): {ev.type}")
         if ev.execution is not None and self.dead_tokens.get(ev.execution) == "other":
             self.violation("narration_after_loss", f"{ev.type} by lost lease {ev.execution}")
+        # (6) the log says a node finished only where the checkpoint says so too: else a resume
+        # re-runs a node the log calls finished (the chaos soak found one, issue 19)
+        if ev.type == "node_finished":
+            node, cp = ev.data.get("node"), doc.checkpoint
+            if cp is None or (node not in cp.completed and node not in cp.outputs):
+                self.violation("node_finished_without_checkpoint", f"{node}: checkpoint {cp}")
+            else:
+                _seen("node_finished with its checkpoint")
 
     def on_disposition(
         self, actor: Actor | None, d: Delivered, action: str, delay: float | None

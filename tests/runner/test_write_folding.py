@@ -9,7 +9,7 @@ from typing import Any
 from engine.cancel import CancelSignal
 from engine.lease import LeaseKeeper
 from engine.outcome import CancelReason
-from store import CasConflict, RunDocument, Update
+from store import CasConflict, RunDocument, StoreUnavailable, Update
 from store.sqlite import SqliteRunStore
 from tests.runner.conftest import Fleet
 from tests.runner.test_held_lease import start_on
@@ -170,3 +170,50 @@ async def test_a_keeper_stopped_for_a_folded_release_does_not_call_the_lease_los
             keeper.stop()
         assert await keeper.refresh_once() is False
         assert (cancel.reason is CancelReason.LEASE_LOST) is not stopped
+
+
+class _BoundaryRaises(Recording):
+    """The real store, whose first write of node `a`'s boundary raises `StoreUnavailable` (a
+    store outage at that instant; nothing lands)."""
+
+    def __init__(self, inner: SqliteRunStore) -> None:
+        super().__init__(inner)
+        self.raised = False
+
+    async def update_run(self, run_id: str, conditions: Any, update: Update, **kw: Any) -> Any:
+        checkpoint = update.set.get("checkpoint")
+        if not self.raised and checkpoint is not None and checkpoint["completed"] == ["a"]:
+            self.raised = True
+            raise StoreUnavailable("the store went away (test)")
+        return await super().update_run(run_id, conditions, update, **kw)
+
+
+async def test_a_completed_checkpointed_node_is_never_re_executed_when_its_boundary_write_raised(
+    fleet: Fleet,
+) -> None:
+    """SPEC §13.6. Node `a`'s boundary write raises: `node_finished` must not land without the
+    checkpoint that completes `a` — not in the outcome's status write that follows, nor on its
+    own. Both ride together in that status write, so the resume starts at `b`. (Before the fix
+    the status write carried `node_finished` alone and the resume ran `a` again: found by the
+    chaos soak's store-fault window.)"""
+    assert isinstance(fleet.store, SqliteRunStore)
+    store = _BoundaryRaises(fleet.store)
+    await start_on(fleet, store)
+    run = await fleet.launch(COMPUTE_ONLY)
+    done = await fleet.wait_status(run.run_id, "finished")
+    assert store.raised and done.checkpoint is not None
+    assert done.checkpoint.outputs == {"a": {"x": 2}, "b": {"y": 4}}
+    failed = [u for u, _ in store.writes if u.set.get("status") == "failed_resumable"]
+    assert len(failed) == 1 and failed[0].set["checkpoint"]["completed"] == ["a"]
+    assert failed[0].set["checkpoint"]["restart_node"] == "b"
+    events = await fleet.store.read_events(run.run_id)
+    finished_by = {(e.execution, e.data["node"]) for e in events if e.type == "node_finished"}
+    executions = [e.execution for e in events if e.type == "run_claimed"]
+    assert len(executions) == 2
+    for e in events:
+        if e.type == "node_started":
+            earlier = executions[: executions.index(e.execution)]
+            assert not any((x, e.data["node"]) in finished_by for x in earlier), (
+                f"node {e.data['node']} finished by an earlier execution and ran again"
+            )
+    assert [e.data["node"] for e in events if e.type == "node_started"] == ["a", "b"]
