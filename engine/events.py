@@ -31,6 +31,7 @@ class EventLog:
         listener: Callable[[Event], None] | None = None,
         *,
         defer: bool = False,
+        rider: Callable[[EventDraft], None] | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -39,6 +40,9 @@ class EventLog:
         self._cancel = cancel
         self._listener = listener
         self._defer = defer
+        self._rider = rider
+        """Told of each event that rode inside a state write, once that write landed (the
+        runner's metrics: `listener` hears only what is appended on its own)."""
         self._pending: list[EventDraft] = []
         self.deadline: Callable[[], float] | None = None
         """Seconds the lease has left (set by the lease holder): an append still pending when
@@ -65,6 +69,12 @@ class EventLog:
         write that fails gives them back with `give_back`)."""
         taken, self._pending = [*self._pending, *more], []
         return taken
+
+    def rode(self, drafts: list[EventDraft]) -> None:
+        """`drafts` landed inside a state write."""
+        if self._rider is not None:
+            for draft in drafts:
+                self._rider(draft)
 
     def give_back(self, drafts: list[EventDraft]) -> None:
         """A write that carried `drafts` raised before it landed: keep them pending, in order."""

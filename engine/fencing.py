@@ -133,13 +133,15 @@ class FencedWriter:
                 await log.flush(*events)
             return result
         pending = log.take()
+        drafts = [*held, *pending, *events]
         try:
-            return await self.store.update_run(
-                self.run_id, conditions, update, events=[*held, *pending, *events]
-            )
+            result = await self.store.update_run(self.run_id, conditions, update, events=drafts)
         except BaseException:
             log.give_back(pending)
             raise
+        if not isinstance(result, CasConflict):
+            log.rode(drafts)
+        return result
 
     @property
     def lost(self) -> bool:
@@ -255,12 +257,16 @@ class FencedWriter:
             raise LeaseLost(f"run {self.run_id}: cancel write refused")
         return result
 
-    async def write_record(self, fields: Mapping[str, Any]) -> RunDocument:
-        """Record fields (`scratch`, `metrics`): fenced by token only, so a resume queued while
-        this execution still banks does not fence out its bank record."""
+    async def write_record(
+        self, fields: Mapping[str, Any], *, events: Sequence[EventDraft] = ()
+    ) -> RunDocument:
+        """Record fields (`scratch`, `metrics`), with `events` riding: fenced by token only, so
+        a resume queued while this execution still banks does not fence out its bank record."""
         self._guard()
         await self._write_held_checkpoint()
-        result = await self._write([Eq("lease.token", self.token)], Update(set=dict(fields)))
+        result = await self._write(
+            [Eq("lease.token", self.token)], Update(set=dict(fields)), events
+        )
         if isinstance(result, CasConflict):
             self._judge(result)
             raise LeaseLost(f"run {self.run_id}: record write refused")

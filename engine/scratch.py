@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import logging
 import shutil
 import tempfile
 import time
@@ -44,6 +45,7 @@ from store import (
     BlobNotFound,
     BlobStore,
     Checkpoint,
+    EventDraft,
     RunNotFound,
     RunStore,
     ScratchRecord,
@@ -51,6 +53,8 @@ from store import (
     lease_is_free,
     utcnow,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BANK_GZIP_LEVEL",
@@ -240,6 +244,9 @@ class ScratchBank:
         self.budget_s = budget_s
         self.host_scratch = host_scratch
         self.sandbox_scratch = sandbox_scratch
+        self._said = False
+        """`sandbox_scratch_banked` rode with a record write of this bank."""
+        self._started = 0.0
 
     # -- teardown --------------------------------------------------------------------------
 
@@ -251,9 +258,15 @@ class ScratchBank:
     async def bank(
         self, sandbox: Sandbox, *, host_dir: bool, process_isolated: bool, progress: int
     ) -> BankOutcome:
-        """§7.3, within the bank budget; says `sandbox_scratch_banked` and returns what it did."""
+        """§7.3, within the bank budget; says `sandbox_scratch_banked` and returns what it did.
+
+        The event rides with the record write it describes (ADR-0014), so a runner killed
+        right after the record leaves no bank unnarrated; the sweep of older keys follows it
+        (the chaos soak's kills found the window when the sweep came first)."""
         started = time.monotonic()
         deadline = started + self.budget_s
+        self._said = False
+        self._started = started
         # Not process isolated (local): the node's process groups were killed at node end, so
         # nothing else writes the scratch; an isolated driver's quiesce is its own (§7.1).
         unquiesced = process_isolated
@@ -291,9 +304,26 @@ class ScratchBank:
                         await self._record_quietly(result, progress)
                     # unknown (the scratch could not even be read, e.g. its pod is gone): the
                     # previous record stays, so a sandbox node finished since still refuses.
-        result.seconds = time.monotonic() - started
-        await self.events.emit("sandbox_scratch_banked", **result.event())
+            if recorded >= 0 and result.state in ("banked", "empty"):
+                await self._sweep(result, deadline)
+        if not self._said:  # no record carried it (unknown, or a record the store refused)
+            result.seconds = time.monotonic() - started
+            await self.events.emit("sandbox_scratch_banked", **result.event())
         return result
+
+    async def _sweep(self, result: BankOutcome, deadline: float) -> None:
+        """Every bank key but the recorded one goes. Left-over keys cost only space: the next
+        bank's sweep, or the finished run's drop, takes them."""
+        keep = bank_key(self.run_id, self.token) if result.state == "banked" else None
+        assert self.blobs is not None or result.state == "empty"
+        if self.blobs is None:
+            return
+        try:
+            async for attempt in self._retrying(deadline):
+                with attempt:
+                    await sweep_bank_keys(self.blobs, self.run_id, keep=keep)
+        except Exception as exc:  # noqa: BLE001 - the record stands; the keys wait for later
+            log.warning("run %s: older bank keys not swept (%r)", self.run_id, exc)
 
     def _retrying(self, deadline: float) -> AsyncRetrying:
         return AsyncRetrying(
@@ -329,7 +359,8 @@ class ScratchBank:
         return BankOutcome("banked", bytes=stats.bytes, raced=list(stats.raced), reason=reason)
 
     async def _record(self, result: BankOutcome, progress: int) -> None:
-        """The fenced record (a new one clears `forsaken`), then every other key goes."""
+        """The fenced record (a new one clears `forsaken`), with `sandbox_scratch_banked`
+        riding on it the first time (a retried record says nothing more)."""
         banked = result.state == "banked"
         key = bank_key(self.run_id, self.token) if banked else None
         rec = ScratchRecord(
@@ -342,9 +373,12 @@ class ScratchBank:
             lease_token=self.token,
             at=utcnow(),
         )
-        await self.writer.write_record({"scratch": rec.model_dump()})
-        if self.blobs is not None and result.state in ("banked", "empty"):
-            await sweep_bank_keys(self.blobs, self.run_id, keep=key)
+        said: list[EventDraft] = []
+        if not self._said:
+            result.seconds = time.monotonic() - self._started
+            said.append(self.events.draft("sandbox_scratch_banked", **result.event()))
+        await self.writer.write_record({"scratch": rec.model_dump()}, events=said)
+        self._said = True
 
     async def _record_quietly(self, result: BankOutcome, progress: int) -> None:
         with contextlib.suppress(StoreError, OSError):

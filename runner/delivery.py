@@ -280,6 +280,7 @@ async def _execute(
         cancel,
         listener=svc.metrics.on_event,
         defer=True,  # narration rides with the state writes (issue 19, ADR-0014)
+        rider=svc.metrics.on_event,
     )
     execution = Execution.claimed(svc.engine_env, run, cancel, events)
     started = time.monotonic()

@@ -21,7 +21,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from store import Event, RunStatus
+from store import Event, EventDraft, RunStatus
 
 M = TypeVar("M", Counter, Histogram)
 
@@ -117,8 +117,9 @@ class RunnerMetrics:
             "runfleet_scratch_bank_seconds", "Scratch bank duration", registry=r
         )
 
-    def on_event(self, event: Event) -> None:
-        """An execution's event, as it is appended: the scratch bank's bytes and duration."""
+    def on_event(self, event: Event | EventDraft) -> None:
+        """An execution's event, as it is appended or once the write it rode in landed: the
+        scratch bank's bytes and duration."""
         if event.type == "sandbox_scratch_banked":
             self.scratch_bank_bytes.inc(int(event.data.get("bytes") or 0))
             self.scratch_bank_seconds.observe(float(event.data.get("seconds") or 0.0))

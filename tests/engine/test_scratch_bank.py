@@ -506,3 +506,65 @@ async def test_a_driver_without_a_host_scratch_banks_and_restores_through_copy_o
     assert await bank.restore(sandbox, rec, host_dir=False, stale=False) is None
     assert tree(scratch) == before
     await execution.teardown(Paused("human", "ask2"))
+
+
+async def test_the_bank_event_rides_with_its_record_before_older_keys_are_swept(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    """`sandbox_scratch_banked` lands in the same write as the record it describes (ADR-0014),
+    and the sweep of older keys comes after: a runner killed anywhere past the record leaves
+    no bank unnarrated (the chaos soak's kill during a bank found the window when the sweep
+    came between the record and the event). The runner's metrics still hear of it."""
+    from engine.scratch import ScratchBank, bank_key
+
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    claimed = await claim_local(a, doc, ResumeRequest(answers=KEEP))
+    assert claimed.lease is not None
+    stale = tmp_path / "stale.tgz"
+    stale.write_bytes(b"an older bank")
+    await blobs.put_file(bank_key(claimed.run_id, "an-older-token"), stale)
+    heard: list[str] = []
+    events = EventLog(
+        mongo,
+        claimed.run_id,
+        claimed.attempt,
+        claimed.lease.token,
+        defer=True,
+        rider=lambda draft: heard.append(draft.type),
+    )
+    execution = Execution.claimed(a, claimed, _cancel(), events)
+    sandbox = await execution.ensure_sandbox()
+    token = claimed.lease.token
+
+    async def mine() -> list[Event]:
+        said = await events_of(mongo, claimed.run_id, "sandbox_scratch_banked")
+        return [e for e in said if e.execution == token]
+
+    seen_at_sweep: list[list[Event]] = []
+    real_delete = blobs.delete
+
+    async def delete(key: str) -> bool:
+        seen_at_sweep.append(await mine())
+        return await real_delete(key)
+
+    blobs.delete = delete  # type: ignore[method-assign]
+    bank = ScratchBank(
+        run_id=claimed.run_id,
+        token=claimed.lease.token,
+        blobs=blobs,
+        writer=execution.writer,
+        events=events,
+        cap_bytes=1 << 20,
+        budget_s=30,
+        host_scratch=execution.scratch.absolute(),
+    )
+    banked = await bank.bank(sandbox, host_dir=True, process_isolated=False, progress=3)
+    assert banked.state == "banked"
+    said = await mine()
+    assert len(said) == 1 and said[0].data["banked"] is True
+    assert said[0].data["bytes"] == banked.bytes
+    assert seen_at_sweep and all(len(s) == 1 for s in seen_at_sweep)  # said before the sweep
+    assert await keys(blobs, claimed.run_id) == [bank_key(claimed.run_id, claimed.lease.token)]
+    assert heard.count("sandbox_scratch_banked") == 1
+    await execution.teardown(Paused("human", "ask2"))
