@@ -129,6 +129,8 @@ class FencedWriter:
         if not log.rides:
             result = await self.store.update_run(self.run_id, conditions, update)
             if not isinstance(result, CasConflict):
+                if held:  # handed to the log now: an append that fails keeps them there only
+                    self._says = []
                 log.give_back(list(held))
                 await log.flush(*events)
             return result

@@ -254,6 +254,11 @@ async def _handoff(
     and `ack_sync` the old delivery. A crash in between is repaired by the sweeper."""
     writer = execution.writer
     run_id = execution.run_id
+    if writer.on_release is not None:
+        # The CAS drops the lease: the keeper's next beat must not take that for a takeover
+        # (found in the chaos soak's log). Should the CAS not land, the lease simply lapses,
+        # which is this path's recovery anyway (the redelivery's auto-retry claim).
+        writer.on_release()
     try:
         result = await _handoff_cas(svc, execution)
     except Exception as exc:  # noqa: BLE001 - a handoff that cannot write naks

@@ -1099,7 +1099,7 @@ class Soak:
                 if kind == "poison":
                     await self.send_poison()
                 elif kind == "drain":
-                    await self.drain(outage=False)
+                    await self.drain_until_a_handoff()
                 elif kind == "nats":
                     await self.nats_outage()
                 elif kind in KINDS:
@@ -1186,6 +1186,26 @@ class Soak:
             )
         self.protected.discard(rp.index)
         self.respawn(rp.index)
+
+    async def drain_until_a_handoff(self, tries: int = 3) -> None:
+        """A drain whose held runs all finished `work` between the soak's read and the SIGTERM
+        hands nothing off and proves nothing (`judge_drains` accepts it): drain another busy
+        runner, up to `tries` times, until one run is handed off."""
+        for _ in range(tries):
+            await self.drain(outage=False)
+            if await self.handed_off(self.drain_log[-1]):
+                return
+            self.say("the drain caught no run mid-node (they finished first); draining again")
+
+    async def handed_off(self, drain: Drain) -> bool:
+        assert self.store is not None
+        for run_id, attempt in drain.held.items():
+            with contextlib.suppress(StoreError):
+                for e in await _events(self.store, run_id):
+                    kind, moved = e.data.get("kind"), e.data.get("attempt") == attempt + 1
+                    if e.type == "run_queued" and kind == "handoff" and moved:
+                        return True
+        return False
 
     async def nats_outage(self) -> None:
         # The runner to drain is chosen first (it holds runs mid-`work`), so the runs are

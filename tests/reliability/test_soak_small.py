@@ -67,7 +67,9 @@ async def test_a_small_chaos_soak_finishes_every_run_exactly_once(tmp_path: Path
     assert report.post_engine_refused >= 1, (
         f"the post-engine store fault caught no status write the store refused\n{summary}"
     )
-    assert [outage for outage, _ in report.drain_held] == [False, True], summary
+    # One drain in the clear (tried again while its runs finished first), then one in the outage.
+    outages = [outage for outage, _ in report.drain_held]
+    assert outages[-1] and not any(outages[:-1]) and len(outages) >= 2, summary
     assert all(held >= 1 for _, held in report.drain_held), (
         f"a drain held no run mid-node, so it proved nothing: {report.drain_held}\n{summary}"
     )

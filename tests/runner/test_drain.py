@@ -6,10 +6,14 @@ delay, for another runner to take."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from nats.js.errors import NotFoundError
 
 from engine.failures import FailureCode
@@ -24,6 +28,7 @@ from tests.runner.procs import (
     wait_for_ledger,
     workflow,
 )
+from tests.runner.test_held_lease import start_on
 
 
 async def test_sigterm_during_a_long_node_hands_off_as_a_new_attempt_and_a_second_runner_finishes_without_rerunning_completed_nodes(  # noqa: E501
@@ -138,3 +143,47 @@ async def test_a_message_fetched_while_draining_is_nakd_with_a_one_second_delay_
     assert done.publication.stream_seq == run.publication.stream_seq
     assert ledger(book) == {"ran": 1}
     assert await fleet.queue_drained()
+
+
+class _SlowAfterHandoff:
+    """The real store, whose reply to the drain's handoff CAS comes late (a slow store or
+    network): long enough for the lease keeper to beat twice if it still ran."""
+
+    def __init__(self, inner: Any, late_s: float) -> None:
+        self.inner = inner
+        self.late_s = late_s
+        self.handed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def update_run(self, run_id: str, conditions: Any, update: Any, **kw: Any) -> Any:
+        result = await self.inner.update_run(run_id, conditions, update, **kw)
+        if "attempt" in update.set and "lease" in update.unset:  # the handoff CAS
+            self.handed = True
+            await asyncio.sleep(self.late_s)  # the slow reply itself, not a synchronisation
+        return result
+
+
+async def test_the_drain_handoff_is_not_mistaken_for_a_takeover_by_the_lease_keeper(
+    fleet: Fleet, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handoff CAS drops the lease: the keeper is stopped before it, so a beat that finds
+    the lease gone does not log `taken over` nor mark the execution's lease lost (the chaos
+    soak's log showed both, for a handoff whose publish waited out a NATS restart)."""
+    book, release = tmp_path / "ledger", tmp_path / "release"
+    interval = fleet.engine.lease_timing().interval.total_seconds()
+    store = _SlowAfterHandoff(fleet.store, late_s=2.5 * interval)
+    runner = await start_on(fleet, store)
+    run = await fleet.launch(
+        workflow("three_steps"), {"ledger": str(book), "release": str(release)}
+    )
+    await wait_for_ledger(book, "two")
+    with caplog.at_level(logging.INFO, logger="engine.lease"):
+        await runner.shutdown()
+    assert store.handed
+    handed = await fleet.store.get_run(run.run_id)
+    assert handed.attempt == 2 and handed.lease is None
+    assert handed.failure_code == FailureCode.RUNNER_INTERRUPTED
+    lost = [r.getMessage() for r in caplog.records if r.name == "engine.lease"]
+    assert not [m for m in lost if "taken over" in m or "lease lost" in m], lost
