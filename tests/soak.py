@@ -859,7 +859,18 @@ class Soak:
             parks = [e for e in events if e.type == "run_dlq_parked" and e.attempt == run.attempt]
             if not parks:
                 return  # the event follows the park: judged again on the next pass
-            record_id = int(parks[-1].data["record_id"])
+            said = parks[-1].data.get("record_id")
+            if said is None:  # a repaired event (`runner.repair`) names no record: look it up
+                assert self.dlq is not None
+                records = [
+                    r
+                    for r in await self.dlq.list()
+                    if r.run_id == run.run_id and r.attempt == run.attempt
+                ]
+                if not records:
+                    return  # judged again on the next pass
+                said = records[-1].id
+            record_id = int(said)
             self.say(f"run {run.run_id} parked DLQ_PARKED (record {record_id}); replaying it")
             await self.publisher.replay(record_id, tenant=TENANT)
             self.parked[run.run_id].append((run.attempt, record_id))
