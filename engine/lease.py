@@ -74,6 +74,24 @@ class LeaseKeeper:
         """Until the loss margin: past it, nothing this execution starts may land."""
         return (self.expires_at - self.timing.loss_margin - utcnow()).total_seconds()
 
+    def held_at_start(self) -> bool:
+        """Whether the lease the claim wrote is still short of its loss margin. A claim's
+        `expires_at` is counted from before its write, and a write that waited on a busy store
+        (another process holding the lock) can land with the lease already past its margin:
+        an adopter may take it at any moment, before the first beat could refresh it. Such a
+        lease is lost before it was held: the execution must start nothing (SPEC §13.1;
+        found by the chaos soak, two executions running one node after a store-fault
+        window)."""
+        if self.seconds_left() > 0:
+            return True
+        log.warning(
+            "run %s: lease %s landed past its loss margin (the store was slow); not held",
+            self.run_id,
+            self.token,
+        )
+        self.cancel.cancel(CancelReason.LEASE_LOST)
+        return False
+
     async def _pause(self, seconds: float) -> bool:
         """Wait `seconds` or until stopped; True when stopped. A future and a timer, not
         `wait_for` over `Event.wait()`: that made two tasks per pause, and most runs are over
@@ -95,7 +113,9 @@ class LeaseKeeper:
         # claimed in a burst (a backlog draining) would otherwise refresh in the same instant
         # every interval, queueing on the store. Earlier than the interval is always safe.
         interval = self.timing.interval.total_seconds()
-        pause = interval * random.uniform(0.5, 1.0)
+        # ... and never past half the time left before the margin: a lease that landed late
+        # (a slow claim) is refreshed before an adopter could take it.
+        pause = min(interval * random.uniform(0.5, 1.0), max(self.seconds_left(), 0.0) / 2)
         while not await self._pause(pause):
             pause = interval
             if not await self.refresh_once():

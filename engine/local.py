@@ -23,6 +23,7 @@ from engine.cancel import CancelSignal
 from engine.events import EventLog
 from engine.execution import EngineEnv, Execution
 from engine.failures import is_auto_resumable
+from engine.fencing import LeaseLost
 from engine.lease import LeaseKeeper
 from engine.loader import LoadedWorkflow
 from engine.refusals import RunBusy
@@ -174,6 +175,11 @@ async def execute_claimed(env: LocalEnv, run: RunDocument) -> RunDocument:
     keeper = LeaseKeeper(
         env.store, run.run_id, token, run.lease.expires_at, env.settings.lease_timing(), cancel
     )
+    if not keeper.held_at_start():
+        raise LeaseLost(
+            f"run {run.run_id}: the claim reached the store after its lease's loss margin (the"
+            " store was busy); nothing ran. Resume it again once its lease is free."
+        )
     events.deadline = keeper.seconds_left
     keeper_task = asyncio.ensure_future(keeper.run())
     try:

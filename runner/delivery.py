@@ -307,6 +307,10 @@ async def _execute(
 
 
 async def _run(svc: RunnerServices, execution: Execution, path: str) -> Outcome:
+    if execution.cancel.reason is CancelReason.LEASE_LOST:
+        # The lease was lost before it was held (the claim landed past its loss margin):
+        # not even `begin()`, whose `stop_others` would stop an adopter's sandbox.
+        return Interrupted(CancelReason.LEASE_LOST)
     try:
         await execution.begin(path, svc.owner)
         if svc.draining:

@@ -51,6 +51,10 @@ class HeldLease:
         await self.delivery.in_progress()
 
     async def __aenter__(self) -> HeldLease:
+        if not self.keeper.held_at_start():
+            # No working ack (the delivery redelivers after `ack_wait`, to an adopter), no
+            # keeper, no registration: the execution starts nothing (`delivery._run`).
+            return self
         # The claim's working ack. JetStream counts `ack_wait` (TTL + skew) from the delivery,
         # but the lease's `expires_at` counts TTL from admission's `now`, which comes later
         # (fetch, dispatch, the run's read). Without this, a runner that dies before its first

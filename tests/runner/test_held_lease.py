@@ -7,6 +7,7 @@ call) and every test asserts what the run, the stream and the DLQ hold afterward
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -549,3 +550,59 @@ async def test_lease_lost_while_the_status_write_was_refused_sends_no_dispositio
     assert deliveries(runners[0], "none", "lease_lost") == 1
     claims = await events_of(fleet, run.run_id, "run_claimed")
     assert [e.data["path"] for e in claims] == ["fresh", "adoption"]
+
+
+# -- a claim that lands past its lease's loss margin -----------------------------------------------
+
+
+class _SlowClaim:
+    """The real store, whose first claim write waits a whole lease TTL before it is made: what a
+    claim meets when another process holds SQLite's write lock (the chaos soak's store-fault
+    window). The lease it writes was counted from before the wait."""
+
+    def __init__(self, inner: SqliteRunStore, wait_s: float) -> None:
+        self.inner = inner
+        self.wait_s = wait_s
+        self.late_token: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def update_run(self, run_id: str, conditions: Any, update: Update, **kw: Any) -> Any:
+        if self.late_token is None and is_claim(update):
+            self.late_token = update.set["lease"]["token"]
+            await asyncio.sleep(self.wait_s)  # the wait on the lock itself
+        return await self.inner.update_run(run_id, conditions, update, **kw)
+
+
+async def test_a_claim_that_lands_past_its_lease_margin_runs_nothing_and_the_run_is_adopted(
+    fleet: Fleet,
+) -> None:
+    """SPEC §13.1. The late claim's lease can be taken by an adopter at any moment, before its
+    first beat: its execution starts nothing — no `stop_others`, no node, no event — and sends
+    no disposition; the redelivery adopts the run, which finishes once. (Before the fix it ran
+    the node; in the chaos soak an adopter's claim landed 4 ms later and both ran it.)"""
+    assert isinstance(fleet.store, SqliteRunStore)
+    ttl = fleet.engine.lease_timing().ttl.total_seconds()
+    store = _SlowClaim(fleet.store, wait_s=ttl + 0.2)
+    await start_on(fleet, store)
+    run = await fleet.launch(ONE_COMPUTE)
+    done = await fleet.wait_status(run.run_id, "finished", within=30)
+    assert store.late_token is not None
+    events = await fleet.store.read_events(run.run_id)
+    assert not [e.type for e in events if e.execution == store.late_token]
+    claims = [(e.data["path"], e.execution) for e in events if e.type == "run_claimed"]
+    assert len(claims) == 1 and claims[0][0] == "adoption", claims
+    assert done.checkpoint is not None and done.checkpoint.outputs == {"a": {"x": 2}}
+    assert [e.type for e in events].count("node_finished") == 1
+
+
+ONE_COMPUTE = """\
+name: one_sum
+entry: a
+nodes:
+  a:
+    kind: compute
+    set:
+      x: "1 + 1"
+"""
