@@ -475,8 +475,6 @@ async def test_a_driver_without_a_host_scratch_banks_and_restores_through_copy_o
     local sandbox's own copy_out / copy_in so it runs without a cluster."""
     import shutil
 
-    from engine.scratch import ScratchBank
-
     a = host(mongo, blobs, tmp_path / "a")
     doc = await parked(a)
     claimed = await claim_local(a, doc, ResumeRequest(answers=KEEP))
@@ -487,17 +485,7 @@ async def test_a_driver_without_a_host_scratch_banks_and_restores_through_copy_o
     scratch = execution.scratch.absolute()
     await sandbox.exec(f'echo copied > "{scratch}/via-copy-out"', timeout_s=10)
     before = tree(scratch)
-    bank = ScratchBank(
-        run_id=claimed.run_id,
-        token=claimed.lease.token,
-        blobs=blobs,
-        writer=execution.writer,
-        events=events,
-        cap_bytes=1 << 20,
-        budget_s=30,
-        host_scratch=tmp_path / "unused-host-scratch",
-        sandbox_scratch=scratch,
-    )
+    bank = _bank_for(execution, blobs, tmp_path / "unused-host-scratch", sandbox_scratch=scratch)
     banked = await bank.bank(sandbox, host_dir=False, process_isolated=True, progress=7)
     assert banked.state == "banked" and banked.unquiesced  # no quiesce ran: said so
     rec = (await mongo.get_run(claimed.run_id)).scratch
@@ -515,7 +503,7 @@ async def test_the_bank_event_rides_with_its_record_before_older_keys_are_swept(
     and the sweep of older keys comes after: a runner killed anywhere past the record leaves
     no bank unnarrated (the chaos soak's kill during a bank found the window when the sweep
     came between the record and the event). The runner's metrics still hear of it."""
-    from engine.scratch import ScratchBank, bank_key
+    from engine.scratch import bank_key
 
     a = host(mongo, blobs, tmp_path / "a")
     doc = await parked(a)
@@ -549,16 +537,7 @@ async def test_the_bank_event_rides_with_its_record_before_older_keys_are_swept(
         return await real_delete(key)
 
     blobs.delete = delete  # type: ignore[method-assign]
-    bank = ScratchBank(
-        run_id=claimed.run_id,
-        token=claimed.lease.token,
-        blobs=blobs,
-        writer=execution.writer,
-        events=events,
-        cap_bytes=1 << 20,
-        budget_s=30,
-        host_scratch=execution.scratch.absolute(),
-    )
+    bank = _bank_for(execution, blobs, execution.scratch.absolute())
     banked = await bank.bank(sandbox, host_dir=True, process_isolated=False, progress=3)
     assert banked.state == "banked"
     said = await mine()
@@ -568,3 +547,20 @@ async def test_the_bank_event_rides_with_its_record_before_older_keys_are_swept(
     assert await keys(blobs, claimed.run_id) == [bank_key(claimed.run_id, claimed.lease.token)]
     assert heard.count("sandbox_scratch_banked") == 1
     await execution.teardown(Paused("human", "ask2"))
+
+
+def _bank_for(execution: Execution, blobs: FlakyBlobs, host_scratch: Path, **kw: Any) -> Any:
+    """A `ScratchBank` of `execution`, with a 1 MiB cap and a 30 s budget."""
+    from engine.scratch import ScratchBank
+
+    return ScratchBank(
+        run_id=execution.run_id,
+        token=execution.token,
+        blobs=blobs,
+        writer=execution.writer,
+        events=execution.events,
+        cap_bytes=1 << 20,
+        budget_s=30,
+        host_scratch=host_scratch,
+        **kw,
+    )
