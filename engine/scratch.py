@@ -314,10 +314,9 @@ class ScratchBank:
     async def _sweep(self, result: BankOutcome, deadline: float) -> None:
         """Every bank key but the recorded one goes. Left-over keys cost only space: the next
         bank's sweep, or the finished run's drop, takes them."""
-        keep = bank_key(self.run_id, self.token) if result.state == "banked" else None
-        assert self.blobs is not None or result.state == "empty"
-        if self.blobs is None:
+        if self.blobs is None:  # an empty scratch on a deployment with no blob store
             return
+        keep = bank_key(self.run_id, self.token) if result.state == "banked" else None
         try:
             async for attempt in self._retrying(deadline):
                 with attempt:
