@@ -99,7 +99,10 @@ async def restore_scratch(execution: Execution) -> Failed | None:
     # restored from: no sandbox node finished since (else the resume was refused), so it holds.
     restorable = rec is not None and rec.state in ("banked", "unknown") and rec.key is not None
     if rec is None or not restorable or rec.forsaken:
-        if caps.host_backed_scratch:  # a fresh scratch: nothing of another execution's leaks in
+        if caps.host_backed_scratch and execution.scratch.exists():
+            # A fresh scratch: nothing of another execution's leaks in. The `exists()` is one
+            # stat on the loop; the thread hop it spares was 5 % of a compute-only run's CPU
+            # (issue 19, `py-spy --gil`), where there is almost never a directory to remove.
             await asyncio.to_thread(_fresh, execution)
         if rec is not None and rec.forsaken:
             cp = execution.run_doc.checkpoint or Checkpoint()

@@ -182,6 +182,7 @@ async def runner_cmd(slots: int | None, http_port: int | None) -> None:
     import signal
 
     from runner.config import RunnerSettings
+    from runner.heap import freeze_startup_heap
     from runner.runner import Runner
 
     overrides: dict[str, Any] = {}
@@ -205,7 +206,9 @@ async def runner_cmd(slots: int | None, http_port: int | None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(runner.shutdown()))
         await runner.start()
+        frozen = freeze_startup_heap()
         assert runner.http is not None
+        logging.getLogger(__name__).debug("runner: %d start-up objects frozen (gc)", frozen)
         click.echo(
             f"runner {runner.owner}: {settings.slots} slots, http :{runner.http.port}", err=True
         )
