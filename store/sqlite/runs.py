@@ -123,11 +123,56 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         *,
         events: Sequence[EventDraft] = (),
     ) -> RunDocument | CasConflict:
+        """The compare-and-set, optimistic first (ADR-0009 amendment 4): read the row, judge the
+        conditions, apply, validate and encode *outside* the write lock, then write only if the
+        row still holds the very text read (`AND doc = ?`, a memcmp in C). Two runner processes
+        share one file and one write lock: the Python work of a write (decode, validate,
+        encode: most of its CPU) held that lock while it ran, and the other process waited.
+        A row that changed between the read and the write is tried again under the lock, where
+        nothing can move it (`_locked_cas`): a write is tried at most twice, and always lands
+        or conflicts."""
         check_update(conditions, update)
         columns = changed_columns(update)
         sql = (
             "UPDATE runs SET " + "".join(f"{c} = ?, " for c in columns) + "doc = ? WHERE run_id = ?"
         )
+        row = await self._point_read(
+            lambda c: c.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        )
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        read: str = row[0]
+        current = loads(read, "run", run_id)
+        if not matches(current, conditions):
+            # Judged on a committed state: the conflict is linearised at the read.
+            return CasConflict(decode(RunDocument, current, what="run", ident=run_id))
+        now_ms = to_ms(utcnow())
+        new = apply_update(current, update, now_ms)
+        # Validated before writing (a write that would store an invalid run is refused),
+        # and that model is the answer: the document is not parsed twice.
+        doc = decode(RunDocument, new, what="run update", ident=run_id)
+        args = (*(column_value(new, c) for c in columns), dumps(new), run_id)
+
+        def unchanged(conn: sqlite3.Connection) -> bool:
+            if conn.execute(sql + " AND doc = ?", (*args, read)).rowcount == 0:
+                return False  # moved since the read: nothing written, nothing appended
+            append_drafts(conn, run_id, events, now_ms)
+            return True
+
+        if await self._write(unchanged):
+            return doc
+        return await self._locked_cas(run_id, conditions, update, events, columns, sql)
+
+    async def _locked_cas(
+        self,
+        run_id: str,
+        conditions: Sequence[Condition],
+        update: Update,
+        events: Sequence[EventDraft],
+        columns: tuple[str, ...],
+        sql: str,
+    ) -> RunDocument | CasConflict:
+        """The whole compare-and-set inside one write transaction: read, judge, write."""
 
         def cas(conn: sqlite3.Connection) -> RunDocument | CasConflict:
             row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -138,8 +183,6 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
                 return CasConflict(decode(RunDocument, current, what="run", ident=run_id))
             now_ms = to_ms(utcnow())
             new = apply_update(current, update, now_ms)
-            # Validated before writing (a write that would store an invalid run is refused),
-            # and that model is the answer: the document is not parsed twice.
             doc = decode(RunDocument, new, what="run update", ident=run_id)
             conn.execute(sql, (*(column_value(new, c) for c in columns), dumps(new), run_id))
             append_drafts(conn, run_id, events, now_ms)

@@ -1,0 +1,129 @@
+"""The SQLite compare-and-set, optimistic first (ADR-0009 amendment 4): judged and encoded
+outside the write lock, written only if the row still holds the text it read; a row that moved
+in between is judged again under the lock. The race is forced here: a second store (another
+process's connection, in effect) writes the run between the first store's read and its write.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store.cas import CasConflict, Eq, Update
+from store.models import RunStatus
+from store.protocols import EventDraft
+from store.sqlite import SqliteRunStore
+from tests.store.conftest import MakeRun
+
+
+@pytest.fixture
+async def stores(tmp_path: Path) -> AsyncIterator[tuple[SqliteRunStore, SqliteRunStore]]:
+    first = await SqliteRunStore.open(tmp_path / "runs.db")
+    second = await SqliteRunStore.open(tmp_path / "runs.db")
+    yield first, second
+    await first.close()
+    await second.close()
+
+
+def race_before_first_write(
+    store: SqliteRunStore, rival: Callable[[], Awaitable[Any]]
+) -> list[str]:
+    """Run `rival` once, right before `store`'s next write transaction; the names of the write
+    functions `store` ran, in order."""
+    original = store._write
+    ran: list[str] = []
+
+    async def write(fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        if not ran:
+            await rival()
+        ran.append(getattr(fn, "__name__", "?"))
+        return await original(fn)
+
+    store._write = write  # type: ignore[method-assign]
+    return ran
+
+
+def draft(kind: str) -> EventDraft:
+    return EventDraft(type=kind, data={})
+
+
+async def test_a_cas_whose_row_moved_after_its_read_is_judged_again_and_conflicts_on_the_new_row(
+    stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
+) -> None:
+    first, second = stores
+    run = make_run()
+    await first.create_run(run)
+
+    async def claim_elsewhere() -> None:
+        won = await second.update_run(
+            run.run_id,
+            [Eq("status", RunStatus.QUEUED)],
+            Update(set={"status": RunStatus.CANCELLED}),
+            events=[draft("run_cancelled")],
+        )
+        assert not isinstance(won, CasConflict)
+
+    ran = race_before_first_write(first, claim_elsewhere)
+    lost = await first.update_run(
+        run.run_id,
+        [Eq("status", RunStatus.QUEUED)],
+        Update(set={"status": RunStatus.RUNNING}),
+        events=[draft("run_claimed")],
+    )
+    assert ran == ["unchanged", "cas"]  # the optimistic write found the row moved
+    assert isinstance(lost, CasConflict)
+    assert lost.current is not None and lost.current.status is RunStatus.CANCELLED
+    stored = await first.get_run(run.run_id)
+    assert stored.status is RunStatus.CANCELLED
+    assert [e.type for e in await first.read_events(run.run_id)] == ["run_cancelled"]
+
+
+async def test_a_cas_whose_row_moved_but_still_matches_lands_on_top_of_the_other_write(
+    stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
+) -> None:
+    first, second = stores
+    run = make_run()
+    await first.create_run(run)
+
+    async def note_elsewhere() -> None:
+        done = await second.update_run(
+            run.run_id, [], Update(set={"error": "noted elsewhere"}), events=[draft("noted")]
+        )
+        assert not isinstance(done, CasConflict)
+
+    ran = race_before_first_write(first, note_elsewhere)
+    landed = await first.update_run(
+        run.run_id,
+        [Eq("status", RunStatus.QUEUED)],
+        Update(set={"status": RunStatus.RUNNING}),
+        events=[draft("run_claimed")],
+    )
+    assert ran == ["unchanged", "cas"]
+    assert not isinstance(landed, CasConflict)
+    assert landed.status is RunStatus.RUNNING and landed.error == "noted elsewhere"
+    stored = await first.get_run(run.run_id)
+    assert stored == landed  # the other write's field is kept, not overwritten by a stale copy
+    events = await first.read_events(run.run_id)
+    assert [(e.seq, e.type) for e in events] == [(1, "noted"), (2, "run_claimed")]
+
+
+async def test_a_cas_whose_row_did_not_move_writes_once_outside_the_lock_judgement(
+    stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
+) -> None:
+    first, _ = stores
+    run = make_run()
+    await first.create_run(run)
+
+    async def nothing() -> None:
+        return None
+
+    ran = race_before_first_write(first, nothing)
+    landed = await first.update_run(
+        run.run_id, [Eq("status", RunStatus.QUEUED)], Update(set={"status": RunStatus.RUNNING})
+    )
+    assert ran == ["unchanged"] and not isinstance(landed, CasConflict)
+    assert (await first.get_run(run.run_id)).status is RunStatus.RUNNING
