@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from store.cas import CasConflict, Condition, Update, apply_update, check_update, matches
@@ -44,6 +45,26 @@ def _copy(run_id: str, fields: str | None) -> RunCopy:
         return RunCopy(run_id, 0, None, None)
     attempt, published, seq = json.loads(fields)
     return RunCopy(run_id, int(attempt), published, seq)
+
+
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """A compare-and-set that matched: the answer, the UPDATE's arguments, the write's instant."""
+
+    doc: RunDocument
+    args: tuple[Any, ...]
+    now_ms: int
+
+
+def _select_doc(conn: sqlite3.Connection, run_id: str) -> tuple[str] | None:
+    row: tuple[str] | None = conn.execute(
+        "SELECT doc FROM runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return row
+
+
+def _text(row: tuple[str] | None) -> str | None:
+    return None if row is None else row[0]
 
 
 def _where(query: RunQuery) -> tuple[str, list[Any]]:
@@ -128,67 +149,58 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         row still holds the very text read (`AND doc = ?`, a memcmp in C). Two runner processes
         share one file and one write lock: the Python work of a write (decode, validate,
         encode: most of its CPU) held that lock while it ran, and the other process waited.
-        A row that changed between the read and the write is tried again under the lock, where
-        nothing can move it (`_locked_cas`): a write is tried at most twice, and always lands
-        or conflicts."""
+        A row that changed between the read and the write is judged again under the lock,
+        where nothing can move it: a write is tried at most twice, and always lands or
+        conflicts."""
         check_update(conditions, update)
         columns = changed_columns(update)
         sql = (
             "UPDATE runs SET " + "".join(f"{c} = ?, " for c in columns) + "doc = ? WHERE run_id = ?"
         )
-        row = await self._point_read(
-            lambda c: c.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        )
-        if row is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        read: str = row[0]
-        current = loads(read, "run", run_id)
-        if not matches(current, conditions):
-            # Judged on a committed state: the conflict is linearised at the read.
-            return CasConflict(decode(RunDocument, current, what="run", ident=run_id))
-        now_ms = to_ms(utcnow())
-        new = apply_update(current, update, now_ms)
-        # Validated before writing (a write that would store an invalid run is refused),
-        # and that model is the answer: the document is not parsed twice.
-        doc = decode(RunDocument, new, what="run update", ident=run_id)
-        args = (*(column_value(new, c) for c in columns), dumps(new), run_id)
 
-        def unchanged(conn: sqlite3.Connection) -> bool:
-            if conn.execute(sql + " AND doc = ?", (*args, read)).rowcount == 0:
-                return False  # moved since the read: nothing written, nothing appended
-            append_drafts(conn, run_id, events, now_ms)
-            return True
-
-        if await self._write(unchanged):
-            return doc
-        return await self._locked_cas(run_id, conditions, update, events, columns, sql)
-
-    async def _locked_cas(
-        self,
-        run_id: str,
-        conditions: Sequence[Condition],
-        update: Update,
-        events: Sequence[EventDraft],
-        columns: tuple[str, ...],
-        sql: str,
-    ) -> RunDocument | CasConflict:
-        """The whole compare-and-set inside one write transaction: read, judge, write."""
-
-        def cas(conn: sqlite3.Connection) -> RunDocument | CasConflict:
-            row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            if row is None:
+        def judged(text: str | None) -> _Judged | CasConflict:
+            """The write `text` (the row as read) leads to, or the conflict it answers; the
+            conflict is linearised at the read that produced `text`."""
+            if text is None:
                 raise RunNotFound(f"no run {run_id!r}")
-            current = loads(row[0], "run", run_id)
+            current = loads(text, "run", run_id)
             if not matches(current, conditions):
                 return CasConflict(decode(RunDocument, current, what="run", ident=run_id))
             now_ms = to_ms(utcnow())
             new = apply_update(current, update, now_ms)
+            # Validated before writing (a write that would store an invalid run is refused),
+            # and that model is the answer: the document is not parsed twice.
             doc = decode(RunDocument, new, what="run update", ident=run_id)
-            conn.execute(sql, (*(column_value(new, c) for c in columns), dumps(new), run_id))
-            append_drafts(conn, run_id, events, now_ms)
-            return doc
+            args = (*(column_value(new, c) for c in columns), dumps(new), run_id)
+            return _Judged(doc, args, now_ms)
 
-        return await self._write(cas)
+        def write(conn: sqlite3.Connection, done: _Judged, *, read: str | None = None) -> bool:
+            """`read`: write only if the row still holds that text."""
+            guard, extra = (" AND doc = ?", (read,)) if read is not None else ("", ())
+            if conn.execute(sql + guard, (*done.args, *extra)).rowcount == 0:
+                return False  # moved since the read: nothing written, nothing appended
+            append_drafts(conn, run_id, events, done.now_ms)
+            return True
+
+        read = _text(await self._point_read(lambda c: _select_doc(c, run_id)))
+        first = judged(read)
+        if isinstance(first, CasConflict):
+            return first
+
+        def optimistic(conn: sqlite3.Connection) -> bool:
+            return write(conn, first, read=read)
+
+        if await self._write(optimistic):
+            return first.doc
+
+        def locked(conn: sqlite3.Connection) -> RunDocument | CasConflict:
+            again = judged(_text(_select_doc(conn, run_id)))
+            if isinstance(again, CasConflict):
+                return again
+            write(conn, again)
+            return again.doc
+
+        return await self._write(locked)
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         where, args = _where(query)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from store.cas import CasConflict, Eq, Update
-from store.models import RunStatus
+from store.models import RunDocument, RunStatus
 from store.protocols import EventDraft
 from store.sqlite import SqliteRunStore
 from tests.store.conftest import MakeRun
@@ -51,6 +51,15 @@ def draft(kind: str) -> EventDraft:
     return EventDraft(type=kind, data={})
 
 
+async def start_if_queued(store: SqliteRunStore, run_id: str) -> RunDocument | CasConflict:
+    return await store.update_run(
+        run_id,
+        [Eq("status", RunStatus.QUEUED)],
+        Update(set={"status": RunStatus.RUNNING}),
+        events=[draft("run_claimed")],
+    )
+
+
 async def test_a_cas_whose_row_moved_after_its_read_is_judged_again_and_conflicts_on_the_new_row(
     stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
 ) -> None:
@@ -68,13 +77,8 @@ async def test_a_cas_whose_row_moved_after_its_read_is_judged_again_and_conflict
         assert not isinstance(won, CasConflict)
 
     ran = race_before_first_write(first, claim_elsewhere)
-    lost = await first.update_run(
-        run.run_id,
-        [Eq("status", RunStatus.QUEUED)],
-        Update(set={"status": RunStatus.RUNNING}),
-        events=[draft("run_claimed")],
-    )
-    assert ran == ["unchanged", "cas"]  # the optimistic write found the row moved
+    lost = await start_if_queued(first, run.run_id)
+    assert ran == ["optimistic", "locked"]  # the optimistic write found the row moved
     assert isinstance(lost, CasConflict)
     assert lost.current is not None and lost.current.status is RunStatus.CANCELLED
     stored = await first.get_run(run.run_id)
@@ -96,13 +100,8 @@ async def test_a_cas_whose_row_moved_but_still_matches_lands_on_top_of_the_other
         assert not isinstance(done, CasConflict)
 
     ran = race_before_first_write(first, note_elsewhere)
-    landed = await first.update_run(
-        run.run_id,
-        [Eq("status", RunStatus.QUEUED)],
-        Update(set={"status": RunStatus.RUNNING}),
-        events=[draft("run_claimed")],
-    )
-    assert ran == ["unchanged", "cas"]
+    landed = await start_if_queued(first, run.run_id)
+    assert ran == ["optimistic", "locked"]
     assert not isinstance(landed, CasConflict)
     assert landed.status is RunStatus.RUNNING and landed.error == "noted elsewhere"
     stored = await first.get_run(run.run_id)
@@ -122,8 +121,6 @@ async def test_a_cas_whose_row_did_not_move_writes_once_outside_the_lock_judgeme
         return None
 
     ran = race_before_first_write(first, nothing)
-    landed = await first.update_run(
-        run.run_id, [Eq("status", RunStatus.QUEUED)], Update(set={"status": RunStatus.RUNNING})
-    )
-    assert ran == ["unchanged"] and not isinstance(landed, CasConflict)
+    landed = await start_if_queued(first, run.run_id)
+    assert ran == ["optimistic"] and not isinstance(landed, CasConflict)
     assert (await first.get_run(run.run_id)).status is RunStatus.RUNNING
