@@ -42,18 +42,20 @@ async def owner_of(call: Call, record: DlqRecord) -> str:
     return call.fleet_tenant
 
 
-async def _mine(call: Call, records: list[DlqRecord]) -> list[DlqRecord]:
+async def callers_records(call: Call, records: list[DlqRecord]) -> list[DlqRecord]:
+    """The records of the caller's tenant (a record whose run is gone is the fleet's)."""
     return [r for r in records if await owner_of(call, r) == call.principal.tenant]
 
 
-def _older_than(raw: str | None) -> timedelta | None:
+def parse_older_than(raw: str | None) -> timedelta | None:
+    """A DLQ filter's `older_than` (`30m`, `2h`, seconds), or a typed 400 naming the form."""
     try:
         return parse_duration(raw) if raw is not None else None
     except ValueError:
         raise invalid(f"older_than: {raw!r} is not accepted: expected {DURATION_FORM}") from None
 
 
-async def _selected(call: Call, selection: DlqSelection, *, purge: bool) -> list[int]:
+async def selected_ids(call: Call, selection: DlqSelection, *, purge: bool) -> list[int]:
     """The ids a replay or purge acts on: each named id must be the caller's (else
     `record_not_found`, and nothing is done), or with `all` the caller's records that match."""
     if (selection.ids is None) == (not selection.all):
@@ -64,9 +66,9 @@ async def _selected(call: Call, selection: DlqSelection, *, purge: bool) -> list
         call.env,
         selection.ids,
         reason=selection.reason,
-        older_than=_older_than(selection.older_than),
+        older_than=parse_older_than(selection.older_than),
     )
-    mine = await _mine(call, records)
+    mine = await callers_records(call, records)
     if selection.ids is not None and len(mine) != len(records):
         theirs = sorted({r.id for r in records} - {r.id for r in mine})
         raise RecordNotFound(f"no DLQ record {theirs[0]}")
@@ -77,9 +79,9 @@ async def list_records(call: Call) -> DlqList:
     records = await ops.list_records(
         call.env,
         reason=call.query_str("reason"),
-        older_than=_older_than(call.query_str("older_than")),
+        older_than=parse_older_than(call.query_str("older_than")),
     )
-    return DlqList(records=[DlqRecordOut.of(r) for r in await _mine(call, records)])
+    return DlqList(records=[DlqRecordOut.of(r) for r in await callers_records(call, records)])
 
 
 async def show_record(call: Call) -> DlqDetail:
@@ -106,7 +108,7 @@ def _error(exc: RunfleetError | None) -> ErrorDetail | None:
 
 
 async def replay(call: Call) -> ReplayResponse:
-    ids = await _selected(call, call.parsed(DlqSelection), purge=False)
+    ids = await selected_ids(call, call.parsed(DlqSelection), purge=False)
     report = await ops.replay_records(call.env, ids)
     return ReplayResponse(
         outcomes=[
@@ -123,7 +125,7 @@ async def replay(call: Call) -> ReplayResponse:
 
 
 async def purge(call: Call) -> PurgeResponse:
-    ids = await _selected(call, call.parsed(DlqSelection), purge=True)
+    ids = await selected_ids(call, call.parsed(DlqSelection), purge=True)
     return PurgeResponse(purged=await ops.purge_records(call.env, ids))
 
 

@@ -4,7 +4,7 @@ ticked ones, or every record with a reason.
 
 The selection, its ownership rule (a record is the tenant's whose run it carries; the fleet's
 own tenant has those no run can be found for) and the operations are the API's
-(`dlq_api._selected`, `runner.operations.dlq`): the console adds pages, not rules.
+(`dlq_api.selected_ids`, `runner.operations.dlq`): the console adds pages, not rules.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ async def dlq_page(request: web.Request) -> web.Response:
     reason = request.query.get("reason") or None
     older_than = request.query.get("older_than") or None
     records = await ops.list_records(
-        call.env, reason=reason, older_than=dlq_api._older_than(older_than)
+        call.env, reason=reason, older_than=dlq_api.parse_older_than(older_than)
     )
-    mine = await dlq_api._mine(call, records)
+    mine = await dlq_api.callers_records(call, records)
     everything = mine if reason is None and older_than is None else None
     by_reason = Counter(r.reason for r in (everything or mine))
     return page(
@@ -104,7 +104,7 @@ async def replay(request: web.Request) -> web.StreamResponse:
     require_write(request)
     call = call_of(request)
     selection = _selection(request)
-    ids = await dlq_api._selected(
+    ids = await dlq_api.selected_ids(
         call, selection.model_copy(update={"older_than": None}), purge=False
     )
     report = await ops.replay_records(call.env, ids)
@@ -126,7 +126,7 @@ async def purge(request: web.Request) -> web.StreamResponse:
     require_write(request)
     call = call_of(request)
     selection = _selection(request)
-    ids = await dlq_api._selected(call, selection, purge=True)
+    ids = await dlq_api.selected_ids(call, selection, purge=True)
     if form_value(request, "confirm") != "yes":
         records = await ops.select_records(call.env, ids) if ids else []
         return page(request, "dlq_confirm.html", records=records, selection=selection)
