@@ -33,7 +33,8 @@ from store import (
     RunStore,
     Update,
 )
-from store.staging import StagingStore
+from store.errors import StoreCorrupt
+from store.staging import StagedUploadInvalid, StagingStore
 
 
 def _read_conditions(run: RunDocument, now: datetime, skew: timedelta) -> list[Any]:
@@ -86,7 +87,12 @@ async def claim(
     spec = run.resume_spec
     if path == "fresh" and spec is not None and spec.attempt == run.attempt:
         if blobs is not None and attachments.uploaded_answers(run, spec):
-            await attachments.promote_answers(StagingStore(store, blobs), blobs, run, spec)
+            try:
+                await attachments.promote_answers(StagingStore(store, blobs), blobs, run, spec)
+            except StoreCorrupt as exc:
+                # The staged bytes are not the ones the resume staged: no retry brings them
+                # back, so the answer is refused like a gone upload (SPEC §8), never nak'd.
+                raise StagedUploadInvalid(f"the answer cannot be used: {exc.message}") from exc
         fields.update(claim_effects(run, spec))
         fields.update(attachments.answer_attachments(run, spec))
     return await store.update_run(run.run_id, _read_conditions(run, now, skew), Update(set=fields))

@@ -1,10 +1,10 @@
-"""A queued file answer whose staged upload is gone before a runner promotes it (SPEC §6.4, §8,
-§5.2 step 7): `resume --answer doc=@PATH` staged the file and sent its upload id through the
-queue; the upload is then reaped (`RUNFLEET_UPLOAD_TTL`), discarded or loses its bytes before
-the fresh claim. The runner refuses the answer — the run is put back where the resume found it,
-`paused_waiting_human` at the same question with `ATTACHMENTS_UNFETCHABLE` and the cause, the
-delivery acked — never naks it as an internal error and never records it in the DLQ. A new
-answer then resumes it.
+"""A queued file answer whose staged upload is gone before a runner promotes it (SPEC §6.4, §8, §5.2
+step 7): `resume --answer doc=@PATH` staged the file and sent its upload id through the queue; the
+upload is then reaped (`RUNFLEET_UPLOAD_TTL`), discarded or loses its bytes before the fresh claim,
+or its staged bytes no longer match their digest. The runner refuses the answer — the run is put
+back where the resume found it, `paused_waiting_human` at the same question with
+`ATTACHMENTS_UNFETCHABLE` and the cause, the delivery acked — never naks it as an internal error and
+never records it in the DLQ. A new answer then resumes it.
 
 Real parts: the session's nats-server, a SQLite store, a filesystem blob store, an in-process
 runner, and the operations the CLI calls (`runner.operations.resume`).
@@ -48,7 +48,9 @@ async def paused_at_the_question(fleet: Fleet) -> RunDocument:
     return paused
 
 
-@pytest.mark.parametrize("how", ["reaped", "bytes_lost", "other_bytes_under_the_key"])
+@pytest.mark.parametrize(
+    "how", ["reaped", "bytes_lost", "other_bytes_under_the_key", "staged_bytes_corrupted"]
+)
 async def test_a_file_answer_whose_upload_is_gone_is_refused_and_the_run_waits_for_a_new_answer(
     fleet: Fleet, how: str
 ) -> None:
@@ -64,7 +66,9 @@ async def test_a_file_answer_whose_upload_is_gone_is_refused_and_the_run_waits_f
     key = f"runs/{paused.run_id}/attachments/doc"
     if how == "bytes_lost":  # the record is there, its bytes are not
         await fleet.blobs.delete(staged.files[0].key)
-    else:  # what the sweeper's reap does past RUNFLEET_UPLOAD_TTL
+    elif how == "staged_bytes_corrupted":  # as long as the staged file, not its digest
+        await fleet.blobs.put_bytes(staged.files[0].key, b"x" * staged.files[0].bytes)
+    elif how != "staged_bytes_corrupted":  # the sweeper's reap past RUNFLEET_UPLOAD_TTL
         assert await staging.discard(upload_id, "default")
     if how == "other_bytes_under_the_key":  # an earlier answer's: not this one's, even as long
         await fleet.blobs.put_bytes(key, b"x" * staged.files[0].bytes)
