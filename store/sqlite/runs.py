@@ -129,9 +129,7 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         return doc
 
     async def get_run(self, run_id: str) -> RunDocument:
-        row = await self._point_read(
-            lambda c: c.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        )
+        row = await self._point_read(lambda c: _select_doc(c, run_id))
         if row is None:
             raise RunNotFound(f"no run {run_id!r}")
         return _run(row[0], run_id)
