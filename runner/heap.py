@@ -1,7 +1,7 @@
 """The runner process's heap after start-up: frozen out of the garbage collector's sight.
 
 A runner process imports pydantic, the kubernetes client, aiohttp and nats before it serves its
-first delivery: a few hundred thousand objects that live as long as the process. CPython's full
+first delivery: ≈ 96 000 tracked objects that live as long as the process. CPython's full
 (generation 2) collection walks all of them, and a busy runner triggers one every few seconds.
 Measured in `bench.latency` (2 runners x 16 slots, 50 % load): 9 full collections per runner,
 60 ms each on average, 121 ms at worst. Every delivery in the process waits that long, which is
@@ -9,9 +9,10 @@ most of the p99 (issue 19, docs/performance.md).
 
 `gc.freeze()` moves every object alive at that moment into the permanent generation, which no
 collection walks again; objects made afterwards are collected as before (so a cycle made per
-delivery is still reclaimed). It is the pattern the `gc` documentation gives for long-lived
-servers that load once and then serve. Called once, from the runner process's entry point (never
-from the `Runner` class: a test or a host process that embeds a runner owns its own heap).
+delivery is still reclaimed). The `gc` documentation gives it for servers that fork after
+loading; here it serves its other effect, that no collection walks those objects again
+(ADR-0016). Called once, from the runner process's entry point (never from the `Runner` class:
+a test or a host process that embeds a runner owns its own heap).
 """
 
 from __future__ import annotations
