@@ -3,7 +3,9 @@ garbage collection in its two steps, against the real nats-server and a real SQL
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+import time
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -11,8 +13,17 @@ from publisher import DlqStore, RecordNotFound, WireNames, WireSettings
 from publisher.errors import NatsUnavailable
 from runner import operations as ops
 from runner.operations import Env
-from store import BlobNotFound, RunNotFound, RunStatus
+from store import BlobNotFound, RunNotFound, RunStatus, utcnow
 from tests.publisher.conftest import Nats, delete_streams, expired_lease, put_run
+
+
+async def _clock_past(stamp: datetime) -> None:
+    """Stamps are whole milliseconds: a plan made in the same millisecond as a write would
+    (rightly) not call that write older than its cutoff. Poll until the clock has moved on."""
+    deadline = time.monotonic() + 5
+    while utcnow() <= stamp:
+        assert time.monotonic() < deadline, "the clock did not move past the stamp"
+        await asyncio.sleep(0.001)
 
 
 async def test_ensure_wire_creates_the_streams_then_has_nothing_to_do(
@@ -52,7 +63,8 @@ async def test_plan_then_collect_garbage_deletes_settled_runs_their_blobs_and_ol
     old = await put_run(env.store, status=RunStatus.FINISHED)
     live = await put_run(env.store, status=RunStatus.PAUSED_OPERATOR)
     await env.blobs.put_bytes(f"runs/{old.run_id}/outputs/greet/1", b"x")
-    await dlq.put(seq=61, body=b"x", headers={}, reason="malformed", replayable=False)
+    record = await dlq.put(seq=61, body=b"x", headers={}, reason="malformed", replayable=False)
+    await _clock_past(max(old.updated_at, record.at))  # "older than 0" is strictly before now
 
     none_yet = await ops.plan_gc(env, timedelta(days=1))
     plan = await ops.plan_gc(env, timedelta(0))
@@ -74,6 +86,7 @@ async def test_collect_garbage_with_nats_unreachable_still_collects_runs_and_say
     env: Env,
 ) -> None:
     old = await put_run(env.store, status=RunStatus.CANCELLED)
+    await _clock_past(old.updated_at)
     plan = await ops.plan_gc(env, timedelta(0))
     unreachable = Env(
         env.settings,
