@@ -35,6 +35,12 @@ UNATTRIBUTED = "_"
 """The subject token of a delivery whose run id is unknown or not a subject token (a message
 that does not decode, or names a forged run id)."""
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+MAX_TOKEN = 256
+"""The longest run id that names its own subject. A run id is a UUID (36 characters), but a
+message may carry any string: a 20 000-character token is a valid subject token and past
+nats-server's control-line limit (4 KiB), which the server answers with `-ERR` — and nats-py
+closes the connection for good on that, with no reconnect. One such poison message killed the
+runner that logged it (found by the poison fuzz)."""
 
 
 class DeliveryEntry(BaseModel):
@@ -62,7 +68,11 @@ class DeliveryEntry(BaseModel):
 
 
 def subject_token(run_id: str | None) -> str:
-    return run_id if run_id is not None and _TOKEN.match(run_id) else UNATTRIBUTED
+    """`run_id` when it can be a subject token of a sane length, else `UNATTRIBUTED` (the
+    entry still carries the id)."""
+    if run_id is not None and len(run_id) <= MAX_TOKEN and _TOKEN.match(run_id):
+        return run_id
+    return UNATTRIBUTED
 
 
 class DeliveryLog:
@@ -148,7 +158,8 @@ async def read_deliveries(
     """A run's log entries after stream sequence `after`, in stream order, each with its
     sequence (to read on from). A missing stream (never ensured) reads as an empty log; an
     entry that does not parse is skipped."""
-    subject = names.delivery_subject(subject_token(run_id))
+    token = subject_token(run_id)
+    subject = names.delivery_subject(token)
     found: list[tuple[int, DeliveryEntry]] = []
     seq = after + 1
     while True:
@@ -159,6 +170,10 @@ async def read_deliveries(
         assert raw.seq is not None
         seq = raw.seq + 1
         try:
-            found.append((raw.seq, DeliveryEntry.model_validate_json(raw.data or b"")))
+            entry = DeliveryEntry.model_validate_json(raw.data or b"")
         except ValidationError as exc:
             log.debug("delivery log: seq %s does not parse (%s)", raw.seq, exc)
+            continue
+        if token != run_id and entry.run_id != run_id:
+            continue  # an id logged on the shared subject: only its own entries (`_`: all)
+        found.append((raw.seq, entry))

@@ -99,10 +99,20 @@ async def test_fuzzed_poison_is_all_accounted_for_and_the_runner_keeps_serving(
 
         want_dlq = {seq: p for seq, p in sent.items() if p.fate == "dlq"}
 
-        async def all_dead_lettered() -> bool:
-            return {r.id for r in await fleet.dlq.list()} >= set(want_dlq)
+        missing: list[int] = []
 
-        await eventually(all_dead_lettered, within=60, every=0.25)
+        async def all_dead_lettered() -> bool:
+            missing[:] = sorted(set(want_dlq) - {r.id for r in await fleet.dlq.list()})
+            return not missing
+
+        try:
+            await eventually(all_dead_lettered, within=60, every=0.25)
+        except AssertionError:
+            kinds = [(seq, want_dlq[seq].kind, want_dlq[seq].reason) for seq in missing]
+            raise AssertionError(
+                f"{len(missing)} DLQ record(s) never came: {kinds[:10]} {why}\n"
+                f"runner log tail:\n{proc.log()[-4000:]}"
+            ) from None
         for run_id in good:
             await fleet.wait_status(run_id, "finished", within=30)
             await eventually(released(fleet, run_id))

@@ -218,6 +218,31 @@ async def test_a_dead_lettered_poison_message_is_logged_as_dlq_with_its_record_i
     assert (await fleet.dlq.get(junk.seq)).reason == "malformed"
 
 
+async def test_a_run_id_too_long_for_a_subject_is_logged_unattributed_and_the_runner_serves_on(
+    fleet: Fleet, runner: Runner
+) -> None:
+    """A 20 000-character run id is one valid subject token, and a subject that long is past
+    nats-server's control-line limit (4 KiB): the server answers `-ERR` and nats-py *closes*
+    the connection for good (no reconnect), so a runner that put the id in the log's subject
+    died on one poison message (found by the poison fuzz). Such an id is logged under the
+    unattributed subject, with the id in the entry, and the runner goes on serving."""
+    long_id = "x" * 20_000
+    seq = await publish(fleet, long_id, 1, published_at=utcnow() - timedelta(minutes=5))
+    junk = await publish_raw(fleet.js, fleet.names.runs_subject, b"\xff not json")
+    logged = await wait_log(
+        fleet, UNATTRIBUTED, lambda es: {seq, junk.seq} <= {e.stream_seq for e in es}
+    )
+    [entry] = [e for e in logged if e.stream_seq == seq]
+    assert (entry.action, entry.reason, entry.run_id) == ("dlq", "run_not_found", long_id)
+    assert (await fleet.dlq.get(seq)).reason == "run_not_found"
+    # `events --deliveries` for that id reads its own entry, not the other unattributed ones.
+    own = await read_deliveries(fleet.js, fleet.names, long_id)
+    assert [(e.stream_seq, e.run_id) for _, e in own] == [(seq, long_id)]
+    assert runner.svc is not None and runner.svc.nc.is_connected
+    run = await fleet.launch(workflow("hello").source)  # and the runner still runs runs
+    await fleet.wait_status(run.run_id, "finished")
+
+
 async def test_a_drained_execution_is_logged_as_a_handoff_and_its_new_attempt_as_a_claim(
     fleet: Fleet, gates: Path
 ) -> None:
