@@ -50,10 +50,12 @@ async def connect(
         "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
         "error_cb": _log_error,
     }
-    holder: list[Client] = []
+    nc = Client()
 
     async def closed() -> None:
-        await _log_closed(holder)
+        # nats-py calls no error callback for a server's `-ERR`: it closes. Say why.
+        if nc.last_error is not None:
+            log.warning("nats: the connection is closed (last error: %r)", nc.last_error)
 
     options["closed_cb"] = closed
     if settings.nats_creds is not None:
@@ -63,21 +65,13 @@ async def connect(
 
         options["tls"] = ssl.create_default_context(cafile=str(settings.nats_tls_ca))
     try:
-        nc = await nats.connect(**options)  # type: ignore[arg-type]
+        await nc.connect(**options)  # type: ignore[arg-type]
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         where = ",".join(redact(u) for u in settings.nats_servers())
         raise NatsUnavailable(f"cannot reach NATS at {where}: {exc!r}") from exc
-    holder.append(nc)
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on, never give up
     return nc, nc.jetstream()
 
 
 async def _log_error(exc: Exception) -> None:
     log.warning("nats: %r", exc)
-
-
-async def _log_closed(holder: list[Client]) -> None:
-    """nats-py calls no error callback for the server's `-ERR`s: it closes. Say why."""
-    why = holder[0].last_error if holder else None
-    if why is not None:
-        log.warning("nats: the connection is closed (last error: %r)", why)
