@@ -15,9 +15,12 @@ reads the log to decide anything.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from typing import Any
 
+import orjson
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -27,6 +30,7 @@ from publisher.wire import WireNames
 from runner.deliveries import Delivery
 from runner.metrics import RunnerMetrics
 from store import UtcDatetime, utcnow
+from store.timeutil import iso_z
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,17 @@ class DeliveryEntry(BaseModel):
     """The DLQ record, for a dead-lettered or parked delivery."""
     runner: str
     at: UtcDatetime = Field(default_factory=utcnow)
+
+
+def encode_entry(fields: dict[str, Any]) -> bytes:
+    """An entry's JSON, the very bytes `DeliveryEntry(**fields).model_dump_json()` writes, from
+    its fields in the model's order. Written by orjson without building the model: the values
+    are the runner's own, and constructing and dumping the model cost 3 times as much, twice a
+    run (issue 19). What orjson refuses (a lone surrogate) is written by `json`, escaped."""
+    try:
+        return orjson.dumps(fields, option=orjson.OPT_UTC_Z)
+    except TypeError:
+        return json.dumps({**fields, "at": iso_z(fields["at"])}).encode()
 
 
 def subject_token(run_id: str | None) -> str:
@@ -129,25 +144,21 @@ class DeliveryLog:
     ) -> None:
         """Publish one entry, fire-and-forget. Never raises but `CancelledError`."""
         try:
-            # Constructed without validation (the values are the runner's own): validating
-            # the entry twice a run was a measurable share of a delivery (issue 19). Every
-            # field is given: a defaulted one sends pydantic through `inspect.signature` of
-            # its default factory on each construct (≈ 3 % of a delivery's CPU, py-spy --gil).
-            entry = DeliveryEntry.model_construct(
-                v=SCHEMA_VERSION,
-                at=utcnow(),
-                run_id=run_id,
-                stream_seq=seq,
-                num_delivered=num_delivered,
-                attempt=attempt,
-                action=action,
-                reason=reason,
-                delay=delay,
-                record_id=record_id,
-                runner=runner or self.runner,
-            )
+            fields = {
+                "v": SCHEMA_VERSION,
+                "run_id": run_id,
+                "stream_seq": seq,
+                "num_delivered": num_delivered,
+                "attempt": attempt,
+                "action": action,
+                "reason": reason,
+                "delay": delay,
+                "record_id": record_id,
+                "runner": runner or self.runner,
+                "at": utcnow(),
+            }
             subject = self.names.delivery_subject(subject_token(run_id))
-            await self.nc.publish(subject, entry.model_dump_json().encode())
+            await self.nc.publish(subject, encode_entry(fields))
         except Exception as exc:  # noqa: BLE001 - the log must never affect a delivery
             log.debug("delivery log: seq %s %s/%s not recorded (%r)", seq, action, reason, exc)
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from store.cas import CasConflict, Condition, Update, apply_update, check_update, matches
 from store.codec import decode, encode
 from store.errors import RunAlreadyExists, RunNotFound
@@ -35,7 +37,15 @@ from store.timeutil import to_ms, utcnow
 
 
 def _run(text: str, run_id: str) -> RunDocument:
-    return decode(RunDocument, loads(text, "run", run_id), what="run", ident=run_id)
+    """A stored run as its model, parsed and validated in one pass by pydantic's own JSON
+    reader: half the CPU of `json.loads` and then validating the dict (issue 19; it reads
+    NaN, infinities and ints past 64 bits as `json` does). Text it does not read (a lone
+    surrogate escape, which `json` accepts, or text that is not JSON) and any document that
+    fails validation take the `json` path, which says what is wrong as it always did."""
+    try:
+        return RunDocument.model_validate_json(text)
+    except ValidationError:
+        return decode(RunDocument, loads(text, "run", run_id), what="run", ident=run_id)
 
 
 def _copy(run_id: str, fields: str | None) -> RunCopy:

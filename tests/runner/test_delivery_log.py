@@ -18,7 +18,13 @@ from nats.js.api import RetentionPolicy, StorageType
 from engine.local import new_run_id
 from publisher import WireNames, WireSettings, ensure_streams
 from runner.backstop import Backstop
-from runner.delivery_log import UNATTRIBUTED, DeliveryEntry, DeliveryLog, read_deliveries
+from runner.delivery_log import (
+    UNATTRIBUTED,
+    DeliveryEntry,
+    DeliveryLog,
+    encode_entry,
+    read_deliveries,
+)
 from runner.runner import Runner
 from store import RunStatus, utcnow
 from tests.runner.callables import (
@@ -365,3 +371,37 @@ async def test_a_failed_log_publish_never_raises(nats_server: NatsServer) -> Non
 def test_the_delivery_log_ttl_must_be_positive() -> None:
     with pytest.raises(ValueError, match="RUNFLEET_DELIVERY_LOG_TTL"):
         WireSettings(delivery_log_ttl="0s")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"run_id": "r-1", "attempt": 2, "action": "nak", "reason": "transient", "delay": 7.5},
+        {"run_id": None, "attempt": None, "action": "dlq", "reason": "malformed", "record_id": 9},
+        {"run_id": "déjà-vu", "attempt": 1, "action": "claim", "reason": "fresh"},
+    ],
+    ids=["nak", "dlq-unattributed", "non-ascii"],
+)
+def test_an_entry_is_written_as_the_very_json_its_model_writes(fields: dict[str, object]) -> None:
+    """The log's writer skips the model (issue 19); the bytes it sends are the model's own."""
+    entry = {
+        "v": 1,
+        "stream_seq": 41,
+        "num_delivered": 3,
+        "delay": None,
+        "record_id": None,
+        "runner": "runner-a",
+        **fields,
+    }
+    entry = {name: entry[name] for name in DeliveryEntry.model_fields if name != "at"}
+    entry["at"] = utcnow()
+    assert encode_entry(entry) == DeliveryEntry(**entry).model_dump_json().encode()  # type: ignore[arg-type]
+
+
+def test_an_entry_orjson_refuses_is_still_written_and_names_its_run() -> None:
+    at = utcnow()
+    entry = {"v": 1, "run_id": "x\ud800", "stream_seq": 1, "num_delivered": 1, "attempt": None}
+    entry |= {"action": "dlq", "reason": "malformed", "delay": None, "record_id": 2}
+    entry |= {"runner": "runner-a", "at": at}
+    written = json.loads(encode_entry(entry))
+    assert written["run_id"] == "x\ud800" and written["record_id"] == 2
