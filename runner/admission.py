@@ -16,7 +16,7 @@ from engine.failures import is_auto_resumable
 from engine.resume import scratch_problem
 from publisher.wire import RunMessage
 from runner.delays import busy_delay
-from store import Checkpoint, RunDocument, RunStatus, lease_is_free
+from store import BudgetUsage, RunDocument, RunStatus, lease_is_free
 
 ClaimPath = Literal["fresh", "adoption", "auto_retry"]
 
@@ -102,14 +102,19 @@ def _path_for(run: RunDocument) -> ClaimPath | None:
     return None
 
 
+_NOTHING_USED = BudgetUsage()
+"""The accounting of a run with no checkpoint (read only)."""
+
+
 def effective_budget_usage(run: RunDocument, path: ClaimPath) -> str | None:
     """The budget preflight on the document as the claim would leave it."""
     budget = run.budget
     spec = run.resume_spec
     if path == "fresh" and spec is not None and spec.attempt == run.attempt:
         budget = merge_overrides(budget, spec.budget)
-    usage = (run.checkpoint or Checkpoint()).usage
-    return exceeded(budget, usage)
+    if run.checkpoint is None:
+        return exceeded(budget, _NOTHING_USED)  # not a whole `Checkpoint()` per fresh claim
+    return exceeded(budget, run.checkpoint.usage)
 
 
 def judge(

@@ -202,9 +202,39 @@ def _check_disjoint(update: Update) -> None:
                 raise UnwritablePath(f"{path!r} and {parent!r} overlap in one write")
 
 
+_ALLOWED: set[tuple[Any, ...]] = set()
+"""The shapes of writes already allowed (see `check_update`); a few dozen in practice."""
+_ALLOWED_MAX = 4096
+
+
 def check_update(conditions: Sequence[Condition], update: Update) -> None:
     """Refuse, before any I/O, a write no rule allows: an unconditional or illegal status
-    write, a write to an immutable or unknown field, two paths that overlap."""
+    write, a write to an immutable or unknown field, two paths that overlap.
+
+    The answer depends only on the write's shape: its paths, the status conditions and the
+    status it sets. A shape once allowed is remembered: the product writes a few dozen shapes,
+    and checking each write afresh was ≈ 2 % of a runner's CPU (issue 19). A shape that is
+    refused is never remembered, so it is refused every time."""
+    status_conditions = tuple(
+        c for c in conditions if isinstance(c, Eq | In) and c.path == "status"
+    )
+    shape: tuple[Any, ...] | None = (
+        tuple(update.set),
+        tuple(update.unset),
+        update.set.get("status"),
+        status_conditions,
+    )
+    try:
+        if shape in _ALLOWED:
+            return
+    except TypeError:  # an unhashable status value: checked (and refused) below
+        shape = None
+    _check_update(conditions, update)
+    if shape is not None and len(_ALLOWED) < _ALLOWED_MAX:
+        _ALLOWED.add(shape)
+
+
+def _check_update(conditions: Sequence[Condition], update: Update) -> None:
     _check_disjoint(update)
     for path in [*update.set, *update.unset]:
         top = path.split(".", 1)[0]
