@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-SCRIPTS = ["throughput", "latency", "recovery", "lease", "bank", "inproc", "sweep"]
+SCRIPTS = ["throughput", "latency", "recovery", "lease", "bank", "inproc", "sweep", "hotpath"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
