@@ -28,7 +28,7 @@ from tests.support.nats_cluster import Cluster, nats_cluster
 __all__ = ["nats_cluster"]  # the module-scoped fixture, imported for this module's tests
 
 pytestmark = [
-    pytest.mark.timeout(120),
+    pytest.mark.timeout(180),  # the cluster's start (a module fixture) counts too
     pytest.mark.cluster,
     # nats-py drops the stale connection's stream writer without waiting for its close, which a
     # hung server never completes: an `unclosed StreamWriter` ResourceWarning at collection.
@@ -53,7 +53,9 @@ async def test_a_client_on_a_hung_server_carries_on_through_another_within_the_s
         hung = nats_cluster.index_of_url(f"nats://{nc.connected_url.netloc}")
         nats_cluster.pause(hung)
         paused_at = time.monotonic()
-        bound = STALE_AFTER_S + _ELECTION_S + 5.0
+        # The slack is for a loaded 2-core CI machine (this test failed once at 99 % of a CI run
+        # that timed out, 2026-12-02); what it guards against is nats-py's default of 240 s.
+        bound = STALE_AFTER_S + _ELECTION_S + 15.0
         after = {HDR_MSG_ID: f"{nats_prefix}:after"}  # every try the same publication, as ours
         while True:
             try:
