@@ -64,6 +64,7 @@ class LeaseKeeper:
         self.last_refresh_s = 0.0
         self._stop = asyncio.Event()
         self._waiter: asyncio.Future[None] | None = None
+        cancel.lease_left = self.seconds_left  # what starts work asks it (`lease_spent`)
 
     def stop(self) -> None:
         self._stop.set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -35,6 +36,7 @@ from engine.workflow import CallNode, ComputeNode, ToolNode, Workflow
 from store import BlobStore, Checkpoint, RunDocument
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class NodeRuns:
@@ -75,6 +77,13 @@ class NodeRuns:
                 self.events.defer("node_started", node=node_id)
             else:
                 await self.events.emit("node_started", node=node_id)
+            if self.cancel.lease_spent():
+                # Past the lease's loss margin an adopter may hold the run: the node does not
+                # start (SPEC §13.1), and the execution ends as one that lost its lease.
+                log.warning(
+                    "run %s: lease past its loss margin; %s not started", self.run_id, node_id
+                )
+                return None
             started = time.monotonic()
             if isinstance(node, ComputeNode):
                 # Never suspends (expressions over the checkpoint), so there is nothing to race:

@@ -9,6 +9,7 @@ with what is there once the stale execution has stopped.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -144,6 +145,51 @@ async def test_a_keeper_that_finds_its_lease_taken_cancels_the_node_and_writes_n
     assert after.lease == stolen.lease
     log = await events(run.run_id)
     assert [e.type for e in log[events_at_steal:]] == []
+
+
+async def test_a_node_starts_only_while_the_lease_is_short_of_its_loss_margin(
+    store: RunStore,
+    load: Load,
+    events: Events,
+    claim: Claim,
+    tmp_path: Path,
+    fast_lease: EngineSettings,
+) -> None:
+    """SPEC §13.1. A stalled loop: the keeper never beats (it is built, never run), and the
+    lease's time runs past its loss margin while `hold` works. An adopter may take the run from
+    then on, and fencing would refuse only the stale execution's writes, not its work: the next
+    node must not start. The execution ends as one that lost its lease."""
+    run, token = await claim(load("gate"), settings=fast_lease)
+    assert run.lease is not None
+    cancel = CancelSignal()
+    execution = execution_for(store, run, token, cancel, tmp_path, fast_lease)
+    keeper = LeaseKeeper(
+        store, run.run_id, token, run.lease.expires_at, fast_lease.lease_timing(), cancel
+    )
+    gate = callables.gate(run.run_id)
+    task = asyncio.ensure_future(execution.run())
+    try:
+        await asyncio.wait_for(gate.entered.wait(), DEADLINE_S)
+        assert keeper.seconds_left() > 0  # `hold` started inside the lease
+        deadline = time.monotonic() + DEADLINE_S
+        while keeper.seconds_left() > 0:  # the lease's time passes, no beat
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        gate.release.set()
+        outcome = await asyncio.wait_for(task, DEADLINE_S)
+    finally:
+        task.cancel()
+
+    assert outcome == Interrupted(CancelReason.LEASE_LOST)
+    assert cancel.reason is CancelReason.LEASE_LOST
+    after = await store.get_run(run.run_id)
+    assert after.checkpoint is not None
+    assert "hold" in after.checkpoint.completed
+    assert "after" not in after.checkpoint.outputs
+    assert after.status is RunStatus.RUNNING  # nothing settled: an adopter resumes at `after`
+    assert after.checkpoint.restart_node == "after"
+    log = await events(run.run_id)
+    assert ("node_started", "after") not in [(e.type, e.data.get("node")) for e in log]
 
 
 async def test_fenced_writer_refuses_every_write_after_loss(

@@ -199,6 +199,7 @@ STEPS = int(os.environ.get("RUNFLEET_MODEL_STEPS", "80"))
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
 TTL, INTERVAL, SKEW, MARGIN = 30.0, 10.0, 2.0, 5.0
 ACK_WAIT = TTL + SKEW
+LOSS_MARGIN = timedelta(seconds=MARGIN)
 MAX_DELIVER = 3
 """Small, so last deliveries, DLQ parks and the backstop are reached in a few steps."""
 DUP_WINDOW = 300.0
@@ -1585,6 +1586,20 @@ class ProtocolModel(RuleBasedStateMachine):
                 self.violation(
                     "completed_node_rerun", f"{ctx.node} re-run by {token[:8]} (checkpoint {cp})"
                 )
+        # (1, SPEC §13.1) a node starts only while its execution holds the lease short of its
+        # loss margin: past it an adopter may hold the run, and fencing stops only the writes,
+        # not the node's work. A stalled loop (no beat while time passed) or a claim that
+        # landed late reaches a node start before its keeper could say the lease was lost.
+        if live is not None:
+            lease = doc.lease
+            if not holder or lease is None or self.now() >= lease.expires_at - LOSS_MARGIN:
+                self.violation(
+                    "node_started_past_the_lease_margin",
+                    f"{token[:8]} started {ctx.node} at {self.now():%H:%M:%S} with the stored"
+                    f" lease {lease}",
+                )
+            else:
+                _seen("node started inside its lease")
         # (v2.2 §5.8) an execution its runner's drain broadcast did not reach (its claim won,
         # or its signal was registered, after the broadcast) is handed off before any node
         svc = actor.svc if actor is not None else None

@@ -18,6 +18,7 @@ from tests.model.faults import BAD_ADVISORIES, DEEP, HUGE_DIGITS, inject, messag
 from tests.model.test_protocol_model import (
     ACK_WAIT,
     NAMES,
+    TTL,
     AdvisoryState,
     ProtocolModel,
     _actor,
@@ -73,6 +74,29 @@ def test_claim_whose_cas_lands_after_the_drain_broadcast_runs_no_node() -> None:
     assert "drain raced a claim's CAS" in seen
     assert "claim won after the drain began: handed off before its first node" in seen
     assert "plan:handoff:drain" in seen
+
+
+def test_an_execution_that_stalled_past_its_lease_margin_starts_no_node() -> None:
+    """SPEC §13.1: the claim lands, then its runner stalls at the claim's working ack while
+    the lease's time runs out (no beat: the keeper never says the lease is lost). Once through,
+    the execution starts no node (the model's `node_started_past_the_lease_margin` would flag
+    it) and abandons the delivery, writing nothing; the run is left to an adopter. Found by the
+    random model before the node-start check (`CancelSignal.lease_spent`)."""
+
+    def scenario(m: ProtocolModel) -> None:
+        m.fetch(0, 0, False)
+        claiming = _actor(m, "runner0.0:deliver s1#1")
+        _until(m, claiming, "in_progress")  # the claim's CAS landed; its working ack is next
+        m.advance(TTL + 3, False)
+        _finish(m, claiming)
+
+    def nothing_ran(m: ProtocolModel) -> None:
+        cp = m.last_doc.checkpoint
+        assert cp is None or not cp.completed, cp
+
+    seen = _play(scenario, nothing_ran)
+    assert "delivery abandoned after its lease was lost" in seen
+    assert "node started inside its lease" not in seen
 
 
 def test_draining_runner_hands_on_the_last_delivery_of_a_queued_run() -> None:
