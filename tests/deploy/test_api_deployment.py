@@ -1,7 +1,8 @@
 """The HTTP API as its own Deployment (issue 22 item 2; SPEC v2.2 §10c, §11): stateless, behind
 a Service, probed on `/healthz`, its bearer tokens from a Secret, reading the runners' ConfigMap
-and store Secrets. Checked offline on the objects `kubectl kustomize` renders (the fixtures and
-helpers of test_manifests.py); what the container runs is resolved against the real CLI."""
+and store Secrets. Checked offline on the objects `kubectl kustomize` renders (the fixtures of
+conftest.py, the helpers of manifests.py); what the container runs is resolved against the real
+CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from runner.cli.console import console_cmd
 from runner.console import server
 from runner.console.auth import CONSOLE_TOKEN, TOKENS_FILE, load_tokens
-from tests.deploy.test_manifests import (
+from tests.deploy.manifests import (
     BUILDS,
     OVERLAYS,
     Manifest,
@@ -25,13 +26,10 @@ from tests.deploy.test_manifests import (
     one,
     only_container,
     pod_spec,
-    rendered,
     runfleet_command,
     runner_deployment,
     workload_env,
 )
-
-__all__ = ["rendered"]  # the fixture, imported for pytest
 
 API_PORT_NAME = "http-api"
 

@@ -30,8 +30,7 @@ from typing import Any
 import pytest
 
 from runner.console.auth import TOKENS_FILE
-from tests.deploy.test_configmap_runner import pod_env, spawn, streams_ensure
-from tests.deploy.test_manifests import (
+from tests.deploy.manifests import (
     BUILDS,
     OVERLAYS,
     SECRET_FILE_SETTINGS,
@@ -42,6 +41,7 @@ from tests.deploy.test_manifests import (
     only_container,
     workload_env,
 )
+from tests.deploy.test_configmap_runner import pod_env, spawn, streams_ensure
 from tests.runner.conftest import eventually
 from tests.support.nats_server import NatsServer
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.test_manifests import (
+from tests.deploy.manifests import (
     BUILDS,
     config_map_of,
     kubectl_binary,

@@ -1,6 +1,7 @@
 """The production overlay's NATS credentials, TLS and KEDA account, and the kubernetes sandbox
 driver's settings in the ConfigMap (issue 16 items 1, 2; SPEC §7.1, §11, §12), checked offline on
-the objects `kubectl kustomize` renders (the fixtures and helpers of test_manifests.py)."""
+the objects `kubectl kustomize` renders (the fixtures of conftest.py, the helpers of
+manifests.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from engine.sandbox.kubernetes.settings import KubernetesSandboxSettings, KubernetesSettings
 from publisher.config import NatsSettings, split_servers
 from store.settings import EXISTING_FILE
-from tests.deploy.test_manifests import (
+from tests.deploy.manifests import (
     SECRET_FILE_SETTINGS,
     WORKLOADS,
     Manifest,
@@ -23,15 +24,11 @@ from tests.deploy.test_manifests import (
     one,
     only_container,
     pod_spec,
-    rendered,
     runner_deployment,
     runner_env,
-    settings_env,
     trigger_auth_parameters,
     workload,
 )
-
-__all__ = ["rendered", "settings_env"]  # fixtures, imported for pytest
 
 
 def test_keda_reads_the_nats_account_from_a_secret_by_name(
