@@ -1,5 +1,5 @@
 """The one seam the chaos soak puts into its runner processes: it lets the post-engine store fault
-(`tests/soak.py`) open its window at the instant a run's last node is done and its `finished`
+(`tests/soak/`) open its window at the instant a run's last node is done and its `finished`
 status write is about to go — the write ADR-0010 turns into a nak with no DLQ record when the
 store cannot take it (SPEC v2.2 §5.1, §5.6 last row).
 

@@ -1,4 +1,4 @@
-"""The chaos soak (`tests/soak.py`) on a three-node JetStream cluster, at CI size (issue 21):
+"""The chaos soak (`tests/soak/`) on a three-node JetStream cluster, at CI size (issue 21):
 8 runs through 3 runner processes, every stream at three replicas, runner SIGKILLs, poison, and
 one SIGKILL of the node leading the runs stream (restarted a few seconds later, once the
 survivors have elected a new leader). Every run must finish, exactly once.

@@ -1,4 +1,4 @@
-"""The chaos soak (`tests/soak.py`) at CI size: 12 runs through 3 runner processes while one
+"""The chaos soak (`tests/soak/`) at CI size: 12 runs through 3 runner processes while one
 runner is drained (SIGTERM), the NATS server restarts (and a runner is drained while it is down),
 the SQLite store refuses every write for longer than its busy timeout (once at a random moment,
 once from the instant a run's `finished` status write goes), runners are SIGKILLed, and poison —
