@@ -1,6 +1,6 @@
 """The faults the protocol model injects (issue 12 item 8; SPEC v2.2 §5.1, §5.6, §5.8, §13.12).
 
-Two families, both drawn by hypothesis in `test_protocol_model.py`:
+Two families, both drawn by hypothesis in `machine.py` (`test_protocol_model.py` runs it):
 
 - **errors under the runner's own feet**: one-shot faults armed at a named point (`POINTS`).
   Before the claim a store error (SPEC v2.2 §5.1: nak, never a DLQ record); under the held lease

@@ -14,17 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.failures import FailureCode
+from tests.model.actors import AdvisoryState
+from tests.model.constants import ACK_WAIT, NAMES, TTL
 from tests.model.faults import BAD_ADVISORIES, DEEP, HUGE_DIGITS, inject, message
-from tests.model.test_protocol_model import (
-    ACK_WAIT,
-    NAMES,
-    TTL,
-    AdvisoryState,
-    ProtocolModel,
-    _actor,
-    _finish,
-    _until,
-)
+from tests.model.machine import ProtocolModel
+from tests.model.stepping import _actor, _finish, _until
 
 
 def _play(
