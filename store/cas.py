@@ -251,6 +251,31 @@ def _check_update(conditions: Sequence[Condition], update: Update) -> None:
         raise IllegalTransition("status cannot be unset")
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseRefresh:
+    """A write that is only a lease refresh: `lease.expires_at` set on the holder's token,
+    nothing else (`LeaseKeeper.refresh_once`). Each store writes it narrowly, the one field in
+    place, with no read and no re-validation of the whole document: the value's type is known
+    and `lease` is a sub-document wherever the token matches. A beat cost ≈ 1.1 ms of CPU, and
+    half of it was the whole-document compare-and-set (issue 19, lever 2)."""
+
+    token: str
+    expires_at_ms: int
+
+
+def lease_refresh(conditions: Sequence[Condition], update: Update) -> LeaseRefresh | None:
+    """The refresh `conditions` and `update` make, or None for any other write."""
+    if update.bump_version or update.unset or len(update.set) != 1 or len(conditions) != 1:
+        return None
+    (cond,) = conditions
+    expires_at = update.set.get("lease.expires_at")
+    if not isinstance(cond, Eq) or cond.path != "lease.token" or type(cond.value) is not str:
+        return None
+    if not isinstance(expires_at, datetime):
+        return None
+    return LeaseRefresh(cond.value, to_ms(expires_at))
+
+
 def apply_update(doc: dict[str, Any], update: Update, now_ms: int) -> dict[str, Any]:
     """Apply an update to a storage-form document. Returns a new dict and leaves `doc` as it
     was; only the dicts on an updated path are copied (a full deep copy of the document was a

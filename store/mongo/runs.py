@@ -20,6 +20,7 @@ from store.cas import (
     Update,
     apply_update,
     check_update,
+    lease_refresh,
     matches,
     to_mongo_filter,
     to_storage,
@@ -124,6 +125,19 @@ class MongoRunStore(MongoEvents, MongoRecords):
         would drop it: MongoDB would apply it blindly. Losing to a concurrent write re-judges.
         """
         check_update(conditions, update)
+        refresh = lease_refresh(conditions, update)
+        if refresh is not None:
+            # A lease refresh needs no pre-read: one known field of a known type, and `lease` is
+            # a sub-document wherever the token matches (issue 19, lever 2; ADR-0008 amendment).
+            # No match falls through to the general path, which says why.
+            raw, _ = await self._find_one_and_update(
+                "refresh lease",
+                self._runs,
+                {"_id": run_id, "lease.token": refresh.token},
+                {"$set": {"lease.expires_at": refresh.expires_at_ms}},
+            )
+            if raw is not None:
+                return self._run(raw)
         now_ms = to_ms(utcnow())
         stored = Update(
             set={path: to_storage(value) for path, value in update.set.items()},

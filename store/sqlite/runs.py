@@ -18,7 +18,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from store.cas import CasConflict, Condition, Update, apply_update, check_update, matches
+from store.cas import (
+    CasConflict,
+    Condition,
+    LeaseRefresh,
+    Update,
+    apply_update,
+    check_update,
+    lease_refresh,
+    matches,
+)
 from store.codec import decode, encode
 from store.errors import RunAlreadyExists, RunNotFound
 from store.models import RunDocument, RunStatus
@@ -75,6 +84,24 @@ def _select_doc(conn: sqlite3.Connection, run_id: str) -> tuple[str] | None:
 
 def _text(row: tuple[str] | None) -> str | None:
     return None if row is None else row[0]
+
+
+_REFRESH = (
+    "UPDATE runs SET doc = json_set(doc, '$.lease.expires_at', ?), lease_expires_ms = ?"
+    " WHERE run_id = ? AND json_valid(doc) AND json_extract(doc, '$.lease.token') = ?"
+    " RETURNING doc"
+)
+"""A lease refresh in place: SQLite's JSON functions (C) set the one field in the stored text,
+which keeps every other byte of it (numbers, escapes) as written. `json_valid` leaves alone a
+text they would rewrite: one holding a NaN or an infinity, which Python's `json` writes as
+`NaN`/`Infinity` and which a newer SQLite would turn into `null`."""
+
+
+def _refresh_in_place(conn: sqlite3.Connection, run_id: str, refresh: LeaseRefresh) -> str | None:
+    """The refreshed document's text, or None when no row changed."""
+    ms = refresh.expires_at_ms
+    rows: list[tuple[str]] = conn.execute(_REFRESH, (ms, ms, run_id, refresh.token)).fetchall()
+    return rows[0][0] if rows else None
 
 
 def _where(query: RunQuery) -> tuple[str, list[Any]]:
@@ -161,6 +188,13 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         where nothing can move it: a write is tried at most twice, and always lands or
         conflicts."""
         check_update(conditions, update)
+        refresh = lease_refresh(conditions, update)
+        if refresh is not None and not events:
+            text = await self._write(lambda conn: _refresh_in_place(conn, run_id, refresh))
+            if text is not None:
+                return _run(text, run_id)
+            # Nothing changed: another token holds the lease, the run is gone, or its text is
+            # one the JSON functions would rewrite. The general path answers each as before.
         columns = changed_columns(update)
         sql = (
             "UPDATE runs SET " + "".join(f"{c} = ?, " for c in columns) + "doc = ? WHERE run_id = ?"

@@ -13,7 +13,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-SCRIPTS = ["throughput", "latency", "recovery", "lease", "bank", "inproc", "sweep", "hotpath"]
+SCRIPTS = [
+    "throughput",
+    "latency",
+    "recovery",
+    "lease",
+    "bank",
+    "inproc",
+    "sweep",
+    "hotpath",
+    "refresh",
+]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
