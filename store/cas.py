@@ -19,10 +19,10 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from store.errors import IllegalTransition, UnwritablePath
-from store.models import RunDocument, RunStatus
+from store.models import Publication, RunDocument, RunStatus
 from store.status import check_transitions
 from store.timeutil import to_ms
 
@@ -274,6 +274,54 @@ def lease_refresh(conditions: Sequence[Condition], update: Update) -> LeaseRefre
     if not isinstance(expires_at, datetime):
         return None
     return LeaseRefresh(cond.value, to_ms(expires_at))
+
+
+@dataclass(frozen=True, slots=True)
+class PublicationRecord:
+    """A write that only records which copy carries the run (`Publisher.record_publication`):
+    `publication` set whole on the attempt it names, unless it already names that stream
+    sequence, with no version bump. Like the lease refresh, each store writes it narrowly: the
+    one field it touches is validated (as a `Publication`), the rest of the document is neither
+    read nor re-validated. A launch wrote it after every publish, at ≈ 0.25 ms of CPU in the
+    general compare-and-set (issue 19, lever 2)."""
+
+    attempt: int
+    not_stream_seq: int
+    publication: dict[str, Any]
+    """Its storage form, keys in the order the general path would write them."""
+
+
+_PUBLICATION_KEYS = ("attempt", "stream_seq", "at", "msg_id")
+
+
+def publication_record(conditions: Sequence[Condition], update: Update) -> PublicationRecord | None:
+    """The record `conditions` and `update` make, or None for any other write (and for a value
+    that is not a valid `Publication`: the general path refuses it, and says why)."""
+    if update.bump_version or update.unset or len(update.set) != 1 or len(conditions) != 2:
+        return None
+    on_attempt, not_seq = conditions
+    if not (isinstance(on_attempt, Eq) and on_attempt.path == "attempt"):
+        return None
+    if not (isinstance(not_seq, Ne) and not_seq.path == "publication.stream_seq"):
+        return None
+    if type(on_attempt.value) is not int or type(not_seq.value) is not int:
+        return None
+    value = update.set.get("publication")
+    if not isinstance(value, dict) or tuple(value) != _PUBLICATION_KEYS:
+        return None
+    try:
+        Publication.model_validate(value)
+    except ValidationError:
+        return None
+    return PublicationRecord(on_attempt.value, not_seq.value, to_storage(value))
+
+
+NarrowWrite = LeaseRefresh | PublicationRecord
+
+
+def narrow_write(conditions: Sequence[Condition], update: Update) -> NarrowWrite | None:
+    """The narrow write `conditions` and `update` make, or None for a general one."""
+    return lease_refresh(conditions, update) or publication_record(conditions, update)
 
 
 def apply_update(doc: dict[str, Any], update: Update, now_ms: int) -> dict[str, Any]:

@@ -17,11 +17,13 @@ from pymongo import ASCENDING, DESCENDING
 from store.cas import (
     CasConflict,
     Condition,
+    LeaseRefresh,
+    NarrowWrite,
     Update,
     apply_update,
     check_update,
-    lease_refresh,
     matches,
+    narrow_write,
     to_mongo_filter,
     to_storage,
 )
@@ -35,6 +37,30 @@ from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery
 from store.timeutil import to_ms, utcnow
 
 _CAS_TRIES = 50
+
+
+def _narrow_op(run_id: str, narrow: NarrowWrite) -> tuple[str, Doc, Doc]:
+    """A narrow write as a `find_one_and_update`: what it does, the filter and the `$set`."""
+    if isinstance(narrow, LeaseRefresh):
+        return (
+            "refresh lease",
+            {"_id": run_id, "lease.token": narrow.token},
+            {"$set": {"lease.expires_at": narrow.expires_at_ms}},
+        )
+    return (
+        "record publication",
+        {
+            "_id": run_id,
+            "attempt": narrow.attempt,
+            "publication.stream_seq": {"$ne": narrow.not_stream_seq},
+        },
+        {"$set": {"publication": narrow.publication}},
+    )
+
+
+def _holds(doc: Doc, sets: Doc) -> bool:
+    landed = Update(set=sets, bump_version=False)
+    return apply_update(doc, landed, 0) == doc
 
 
 def _null_safe(clause: Doc) -> Doc:
@@ -125,19 +151,19 @@ class MongoRunStore(MongoEvents, MongoRecords):
         would drop it: MongoDB would apply it blindly. Losing to a concurrent write re-judges.
         """
         check_update(conditions, update)
-        refresh = lease_refresh(conditions, update)
-        if refresh is not None:
-            # A lease refresh needs no pre-read: one known field of a known type, and `lease` is
-            # a sub-document wherever the token matches (issue 19, lever 2; ADR-0008 amendment).
-            # No match falls through to the general path, which says why.
-            raw, _ = await self._find_one_and_update(
-                "refresh lease",
-                self._runs,
-                {"_id": run_id, "lease.token": refresh.token},
-                {"$set": {"lease.expires_at": refresh.expires_at_ms}},
-            )
+        narrow = narrow_write(conditions, update)
+        if narrow is not None:
+            # A narrow write needs no pre-read: one known field, validated by itself, set where
+            # the conditions hold (issue 19, lever 2; ADR-0008 amendment). No match falls
+            # through to the general path, which says why.
+            what, where, narrow_set = _narrow_op(run_id, narrow)
+            raw, retried = await self._find_one_and_update(what, self._runs, where, narrow_set)
             if raw is not None:
                 return self._run(raw)
+            if retried:  # the first try may have landed: then the doc holds what it set
+                latest = await self._io("re-read run", self._runs.find_one, {"_id": run_id})
+                if latest is not None and _holds(latest, narrow_set["$set"]):
+                    return self._run(latest)
         now_ms = to_ms(utcnow())
         stored = Update(
             set={path: to_storage(value) for path, value in update.set.items()},

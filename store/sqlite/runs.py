@@ -22,11 +22,12 @@ from store.cas import (
     CasConflict,
     Condition,
     LeaseRefresh,
+    NarrowWrite,
     Update,
     apply_update,
     check_update,
-    lease_refresh,
     matches,
+    narrow_write,
 )
 from store.codec import decode, encode
 from store.errors import RunAlreadyExists, RunNotFound
@@ -96,11 +97,25 @@ which keeps every other byte of it (numbers, escapes) as written. `json_valid` l
 text they would rewrite: one holding a NaN or an infinity, which Python's `json` writes as
 `NaN`/`Infinity` and which a newer SQLite would turn into `null`."""
 
+_RECORD_PUBLICATION = (
+    "UPDATE runs SET doc = json_set(doc, '$.publication', json(?))"
+    " WHERE run_id = ? AND json_valid(doc) AND json_extract(doc, '$.attempt') = ?"
+    " AND json_extract(doc, '$.publication.stream_seq') IS NOT ?"
+    " RETURNING doc"
+)
+"""A publication record in place, on the same terms. `IS NOT` is `Ne`: a null or absent
+`publication` is "not equal", as in `matches` and MongoDB's `$ne`."""
 
-def _refresh_in_place(conn: sqlite3.Connection, run_id: str, refresh: LeaseRefresh) -> str | None:
-    """The refreshed document's text, or None when no row changed."""
-    ms = refresh.expires_at_ms
-    rows: list[tuple[str]] = conn.execute(_REFRESH, (ms, ms, run_id, refresh.token)).fetchall()
+
+def _in_place(conn: sqlite3.Connection, run_id: str, narrow: NarrowWrite) -> str | None:
+    """The written document's text, or None when no row changed."""
+    if isinstance(narrow, LeaseRefresh):
+        ms = narrow.expires_at_ms
+        args: tuple[Any, ...] = (ms, ms, run_id, narrow.token)
+        rows: list[tuple[str]] = conn.execute(_REFRESH, args).fetchall()
+    else:
+        args = (dumps(narrow.publication), run_id, narrow.attempt, narrow.not_stream_seq)
+        rows = conn.execute(_RECORD_PUBLICATION, args).fetchall()
     return rows[0][0] if rows else None
 
 
@@ -188,13 +203,13 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         where nothing can move it: a write is tried at most twice, and always lands or
         conflicts."""
         check_update(conditions, update)
-        refresh = lease_refresh(conditions, update)
-        if refresh is not None and not events:
-            text = await self._write(lambda conn: _refresh_in_place(conn, run_id, refresh))
+        narrow = narrow_write(conditions, update)
+        if narrow is not None and not events:
+            text = await self._write(lambda conn: _in_place(conn, run_id, narrow))
             if text is not None:
                 return _run(text, run_id)
-            # Nothing changed: another token holds the lease, the run is gone, or its text is
-            # one the JSON functions would rewrite. The general path answers each as before.
+            # Nothing changed: the conditions do not hold, the run is gone, or its text is one
+            # the JSON functions would rewrite. The general path answers each as before.
         columns = changed_columns(update)
         sql = (
             "UPDATE runs SET " + "".join(f"{c} = ?, " for c in columns) + "doc = ? WHERE run_id = ?"
