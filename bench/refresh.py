@@ -107,7 +107,8 @@ async def one_pass(
 
 async def compare(
     store: SqliteRunStore, ids: list[str], name: str, write: Write, rounds: int
-) -> None:
+) -> str:
+    """Prints the two forms' rows; returns the summary's part for `name`."""
     passes = iter(range(1_000_000))
     await one_pass(store, ids, write, next(passes))  # warm the page cache and the shapes
     old_cpu: list[float] = []
@@ -126,10 +127,7 @@ async def compare(
     ow, nw = statistics.median(old_wall), statistics.median(new_wall)
     print(f"| {name} | general compare-and-set (old) | {oc:.1f} | {ow:.1f} |")
     print(f"| {name} | narrow write (new) | {nc:.1f} | {nw:.1f} |")
-    print(
-        f"SUMMARY {name}: CPU new/old {nc / oc:.2f} ({oc:.0f} -> {nc:.0f} µs),"
-        f" wall new/old {nw / ow:.2f}"
-    )
+    return f"{name} CPU new/old {nc / oc:.2f} ({oc:.0f} -> {nc:.0f} µs), wall {nw / ow:.2f}"
 
 
 async def main_async(runs: int, rounds: int) -> None:
@@ -143,8 +141,11 @@ async def main_async(runs: int, rounds: int) -> None:
             print(f"refresh: {runs} held runs (≈ {size} bytes each), {rounds} rounds per form")
             print("| write | form | CPU µs per write (median) | wall µs per write (median) |")
             print("|---|---|---|---|")
-            await compare(store, ids, "refresh", refresh, rounds)
-            await compare(store, ids, "publication", record_publication, rounds)
+            parts = [
+                await compare(store, ids, "refresh", refresh, rounds),
+                await compare(store, ids, "publication", record_publication, rounds),
+            ]
+            print("SUMMARY refresh: " + "; ".join(parts))
         finally:
             await store.close()
 
