@@ -74,10 +74,11 @@ async def main(args: argparse.Namespace) -> int:
         await launch_many(publisher, loaded(ONE_NODE), n, concurrency=args.launch_concurrency)
         launch_s, launch_cpu = time.perf_counter() - t0, time.process_time() - c0
         threads0 = _thread_cpu()
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, os0 = time.perf_counter(), time.process_time(), os.times()
         await runner.start()
         await rnd.wait_finished(n, within=max(120.0, n / 5), every=0.02)
         drain_s, drain_cpu = time.perf_counter() - t0, time.process_time() - c0
+        os1 = os.times()
         threads1 = _thread_cpu()
         await runner.shutdown()
         await runner_store.close()
@@ -94,6 +95,8 @@ async def main(args: argparse.Namespace) -> int:
             if cpu - threads0.get(name, 0.0) > 0
         }
         print("drain CPU by thread, ms/run: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
+        user, system = (os1.user - os0.user) / n * 1e3, (os1.system - os0.system) / n * 1e3
+        print(f"drain CPU by mode, ms/run: user {user:.2f}, system (the kernel: I/O) {system:.2f}")
         print(
             f"SUMMARY inproc: drain {n / drain_s:,.0f} runs/s,"
             f" {drain_cpu / n * 1e3:.2f} ms CPU/run (one in-process runner, {args.slots} slots)"

@@ -185,34 +185,15 @@ class SqliteWorker:
             pause = min(pause * 2, 0.001)
 
     def _commit(self, writes: list[_Op]) -> None:
-        conn = self._conn
         try:
-            self._patiently(lambda c: c.execute("BEGIN IMMEDIATE"), conn)
+            self._patiently(lambda c: c.execute("BEGIN IMMEDIATE"), self._conn)
         except sqlite3.Error as exc:
             for op in writes:
                 op.outcome = (False, exc)
             return
-        try:
-            for op in writes:
-                conn.execute("SAVEPOINT op")
-                op.outcome = self._attempt(op.fn)
-                if not conn.in_transaction:
-                    # SQLite rolled the whole transaction back (disk full, I/O error): nothing
-                    # in this batch happened.
-                    ok, value = op.outcome
-                    raise value if not ok else StoreError("the transaction was rolled back")
-                if not op.outcome[0]:
-                    conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-            conn.execute("COMMIT")
-        except Exception as exc:  # noqa: BLE001 - every write in the batch fails with it
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    log.exception("rollback after a failed batch failed")
-            for op in writes:
-                op.outcome = (False, exc)
+        outcomes = commit_begun(self._conn, [op.fn for op in writes])
+        for op, outcome in zip(writes, outcomes, strict=True):
+            op.outcome = outcome
 
     def _deliver(self, ops: list[_Op]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
@@ -234,6 +215,39 @@ class SqliteWorker:
                 item.outcome = (False, StoreError("the SQLite store is closed"))
                 late.append(item)
         self._deliver(late)
+
+
+def commit_begun(conn: sqlite3.Connection, writes: list[Work]) -> list[tuple[bool, Any]]:
+    """Run `writes` in the transaction just begun on `conn`, each in its own savepoint, and
+    commit: each one's `(True, result)` or `(False, its exception)`. A write that raises is
+    rolled back alone; if SQLite rolls the whole transaction back, or the commit fails, every
+    write fails with that error and none of them happened."""
+    outcomes: list[tuple[bool, Any]] = []
+    try:
+        for fn in writes:
+            conn.execute("SAVEPOINT op")
+            try:
+                outcome: tuple[bool, Any] = (True, fn(conn))
+            except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller
+                outcome = (False, exc)
+            outcomes.append(outcome)
+            if not conn.in_transaction:
+                # SQLite rolled the whole transaction back (disk full, I/O error): nothing
+                # in this batch happened.
+                ok, value = outcome
+                raise value if not ok else StoreError("the transaction was rolled back")
+            if not outcome[0]:
+                conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+        conn.execute("COMMIT")
+    except Exception as exc:  # noqa: BLE001 - every write in the batch fails with it
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                log.exception("rollback after a failed batch failed")
+        return [(False, exc)] * len(writes)
+    return outcomes
 
 
 def _settle(ops: list[_Op]) -> None:

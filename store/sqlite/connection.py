@@ -13,13 +13,13 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from store.sqlite.checkpointer import WalCheckpointer
 from store.sqlite.schema import connect, translate
-from store.sqlite_worker import SqliteWorker
+from store.sqlite_worker import SqliteWorker, commit_begun
 
 T = TypeVar("T")
 
@@ -36,6 +36,8 @@ class SqliteConnection:
         self._worker = worker
         self._inline = inline
         self._inline_thread = threading.get_ident()
+        self._turn: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        """The writes asked for in this turn of the loop, committed together at its end."""
         self.checkpointer = checkpointer
 
     @classmethod
@@ -84,21 +86,52 @@ class SqliteConnection:
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`fn` runs inside a write transaction: no BEGIN/COMMIT of its own.
 
-        When the store thread is idle, the write would be a batch of one there: it runs
-        right here instead, its own transaction, if the write lock is free at once (a hop to
-        the thread and back was most of a lone write's latency, issue 19). Once a write finds
-        the lock taken, it goes to the thread, which waits for the lock; every write after it
-        queues there while it waits, and they commit together (ADR-0009 amendment 3). An
-        earlier attempt ran *every* write here and lost group commit under load: drain fell
-        from 849 to 665 runs/s (docs/performance.md)."""
+        When the store thread is idle, the write runs right here on the event loop's thread
+        (a hop to the thread and back was most of a lone write's latency, issue 19), though not
+        at once: every write asked for in one turn of the loop shares one transaction, begun
+        and committed at the end of that turn (`_commit_turn`). A BEGIN and a COMMIT cost about
+        as much CPU as the write between them, and the slots of a runner that took one fetch
+        batch claim, and later finish, in the same turns (ADR-0009 amendment 5).
+
+        If the write lock is taken, the turn's writes go to the store thread, which waits for
+        the lock; every write after them queues there while it waits, and they commit together
+        (amendment 3). An earlier attempt ran every write here in its own transaction and lost
+        group commit under load: drain fell from 849 to 665 runs/s (docs/performance.md)."""
         conn = self._here()
         if conn is not None and self._worker.idle:
+            loop = asyncio.get_running_loop()
+            turn: asyncio.Future[tuple[bool, T | None]] = loop.create_future()
+            self._turn.append((fn, turn))
+            if len(self._turn) == 1:
+                loop.call_soon(self._commit_turn)
             with _translated(self.path):
-                ran, result = _write_at_once(conn, fn)
+                ran, result = await turn
             if ran:
                 return result  # type: ignore[return-value]
         with _translated(self.path):
             return await self._worker.write(fn)
+
+    def _commit_turn(self) -> None:
+        """This turn's writes in one transaction on the inline connection; each one's future
+        gets its result, or `(False, None)` when another process holds the write lock (the
+        caller then hands its write to the store thread)."""
+        waiting, self._turn = [(fn, f) for fn, f in self._turn if not f.cancelled()], []
+        conn = self._here()
+        if not waiting:
+            return
+        if conn is None:  # closed since: the thread says so
+            _settle_turn(waiting, [(True, (False, None))] * len(waiting))
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _busy(exc):
+                _settle_turn(waiting, [(True, (False, None))] * len(waiting))
+            else:
+                _settle_turn(waiting, [(False, exc)] * len(waiting))
+            return
+        outcomes = commit_begun(conn, [fn for fn, _ in waiting])
+        _settle_turn(waiting, [(True, (True, v)) if ok else (False, v) for ok, v in outcomes])
 
     async def ping(self) -> None:
         await self._read(lambda c: c.execute("SELECT 1").fetchone())
@@ -113,26 +146,17 @@ class SqliteConnection:
             self._inline = None
 
 
-def _write_at_once(
-    conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]
-) -> tuple[bool, T | None]:
-    """`(True, fn's result)` after its transaction committed; `(False, None)` when another
-    connection holds the write lock (nothing ran). `fn`'s error rolls it back and propagates."""
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        if _busy(exc):
-            return False, None
-        raise
-    try:
-        result = fn(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            with suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        raise
-    return True, result
+def _settle_turn(
+    waiting: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]],
+    outcomes: list[tuple[bool, Any]],
+) -> None:
+    for (_, future), (ok, value) in zip(waiting, outcomes, strict=True):
+        if future.done():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:

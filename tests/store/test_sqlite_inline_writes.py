@@ -1,6 +1,8 @@
 """Writes on the event loop's own thread while the store thread is idle (issue 19, ADR-0009
-amendment 3): a lone write is its own transaction right where it is awaited; when the store
-thread has work, or another connection holds the write lock, it queues for group commit."""
+amendments 3 and 5): the writes asked for in one turn of the loop share one transaction, begun
+and committed on the loop's thread at the end of that turn, each in its own savepoint; when the
+store thread has work, or another connection holds the write lock, they queue there for group
+commit."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from store.errors import RunAlreadyExists
+from store.protocols import RunQuery
 from store.sqlite import SqliteRunStore
 from tests.store.conftest import MakeRun
 from tests.store.test_sqlite_group_commit import Gate
@@ -90,9 +93,10 @@ async def test_a_write_that_raises_on_the_loop_thread_rolls_back_and_raises_its_
     here = traced(store._inline)
     run = make_run()
     await store.create_run(run)
+    here.clear()
     with pytest.raises(RunAlreadyExists):
         await store.create_run(run)
-    assert here[-1] == "ROLLBACK"
+    assert here[0] == "BEGIN IMMEDIATE" and "ROLLBACK TO op" in here and here[-1] == "COMMIT"
     assert store._inline is not None and not store._inline.in_transaction
     other = make_run()
     assert await store.create_run(other) == other  # the store goes on
@@ -106,3 +110,53 @@ async def test_a_write_from_another_thread_goes_through_the_store_thread(
     assert await asyncio.to_thread(asyncio.run, store.create_run(run)) == run
     assert inserts(here) == []
     assert len(inserts(there)) == 1
+
+
+async def test_the_writes_asked_for_in_one_turn_of_the_loop_share_one_transaction(
+    store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    here, there = traced(store._inline), traced(store._worker._conn)
+    runs = [make_run() for _ in range(4)]
+    assert await asyncio.gather(*(store.create_run(r) for r in runs)) == runs
+    assert len(inserts(here)) == 4 and inserts(there) == []
+    assert here.count("BEGIN IMMEDIATE") == 1 and here.count("COMMIT") == 1
+    assert here.count("SAVEPOINT op") == 4
+    for run in runs:
+        assert (await store.get_run(run.run_id)).run_id == run.run_id
+
+
+async def test_a_write_that_raises_in_a_shared_turn_is_rolled_back_alone(
+    store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    taken = make_run()
+    await store.create_run(taken)
+    here = traced(store._inline)
+    fresh = [make_run(), make_run()]
+    answers = await asyncio.gather(
+        store.create_run(fresh[0]),
+        store.create_run(taken),  # a duplicate: raises, rolled back to its savepoint
+        store.create_run(fresh[1]),
+        return_exceptions=True,
+    )
+    assert answers[0] == fresh[0] and answers[2] == fresh[1]
+    assert isinstance(answers[1], RunAlreadyExists)
+    assert here.count("BEGIN IMMEDIATE") == 1 and here.count("ROLLBACK TO op") == 1
+    assert here[-1] == "COMMIT"
+    for run in fresh:
+        assert (await store.get_run(run.run_id)).run_id == run.run_id
+
+
+async def test_a_write_cancelled_before_its_turn_ends_is_never_run(
+    store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    here = traced(store._inline)
+    kept, dropped = make_run(), make_run()
+    keep = asyncio.ensure_future(store.create_run(kept))
+    drop = asyncio.ensure_future(store.create_run(dropped))
+    await asyncio.sleep(0)  # both asked for in this turn; the commit is at its end
+    drop.cancel()
+    assert await keep == kept
+    with pytest.raises(asyncio.CancelledError):
+        await drop
+    assert len(inserts(here)) == 1
+    assert [r.run_id for r in (await store.list_runs(RunQuery())).runs] == [kept.run_id]
