@@ -64,6 +64,8 @@ class Result:
     """B only: CPU (utime + stime) of all runner processes over the round, per run."""
     kib_per_run: float = float("nan")
     """B only: bytes the runner processes wrote to storage (WAL, checkpoints, logs), per run."""
+    producer_cpu_ms: float = float("nan")
+    """B e2e only: CPU of this process (the one awaited producer) per launch."""
 
     @property
     def rate(self) -> float:
@@ -267,8 +269,9 @@ async def runfleet_round(
         io0 = sum(p.written_bytes() for p in procs)
         if profile is not None:
             spies = _start_spies(profile, procs)
-        t0 = time.time()
+        t0, producer0 = time.time(), time.process_time()
         await launch_many(rnd.publisher, workflow, n, concurrency=1)
+        producer_cpu = time.process_time() - producer0
         await rnd.wait_finished(n, within=max(120.0, n / 20))
         cpu = sum(p.cpu_seconds() for p in procs) - cpu0
         written = sum(p.written_bytes() for p in procs) - io0
@@ -276,7 +279,8 @@ async def runfleet_round(
         times = rnd.event_times("run_finished")
         done = len(times["run_finished"])
         seconds = max(times["run_finished"].values()) - t0
-        return Result(mode, index, done, seconds, cpu / done * 1e3, written / done / 1024)
+        kib = written / done / 1024
+        return Result(mode, index, done, seconds, cpu / done * 1e3, kib, producer_cpu / n * 1e3)
     finally:
         for spy in spies:
             spy.send_signal(signal.SIGINT)
@@ -457,6 +461,7 @@ async def main() -> int:
                     f"  {mode} {i}: B {b.count} runs in {b.seconds:.3f}s = {b.rate:,.0f}/s,"
                     f" runner CPU {b.cpu_ms_per_run:.2f} ms/run,"
                     f" runner disk writes {b.kib_per_run:.1f} KiB/run"
+                    + (f", producer CPU {b.producer_cpu_ms:.2f} ms/launch" if mode == "e2e" else "")
                 )
         count_text, totals = await counting_pass(bench, args.count_runs, s)
 
