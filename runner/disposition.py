@@ -51,7 +51,8 @@ async def dispose_outcome(
 ) -> Plan:
     """Steps (1)-(4). Each step after (1) is attempted whatever the one before raised (SPEC
     v2.2 §5.1): a sandbox whose `stop` raises still gets its lease released, and a release the
-    store refuses still gets its disposition (the lease then expires by itself)."""
+    store refuses still gets its disposition (the lease then expires by itself), unless the
+    lease has reached its loss margin, when an adopter may hold the run (SPEC §5.4)."""
     plan = await _write_status(svc, delivery, execution, events, outcome)
     if plan.action == "none":
         await _teardown(svc, execution)
@@ -73,6 +74,12 @@ async def dispose_outcome(
         released = await execution.writer.release()
     except Exception as exc:  # noqa: BLE001 - the disposition must still go
         log.warning("run %s: release failed (%r); the lease expires", execution.run_id, exc)
+        if execution.writer.cancel.lease_spent():
+            # The lease may have expired already and an adopter hold the run: this delivery's
+            # sequence would then be its work. Short of the loss margin nobody else can hold
+            # it, and the disposition lands first; past it, fenced (SPEC §5.4; a model
+            # finding, tests/model/test_protocol_replays.py).
+            return Plan("none", reason="lease_lost")
     else:
         if released is None:
             # The lease was no longer ours to release: an adopter holds the run, and this

@@ -106,3 +106,32 @@ def test_an_execution_whose_status_the_store_refused_sends_no_disposition_after_
         _finish(m, stalled)  # status refused -> nak plan -> release finds no lease -> nak
 
     _replay(STORE_REFUSED_THEN_TAKEN_OVER, scenario)
+
+
+def test_an_execution_whose_release_the_store_refused_sends_no_disposition_past_its_margin() -> (
+    None
+):
+    """Found by the model (issue 19, ninth pass): the sibling of the finding above, with the
+    release the one the store refuses. An execution whose `stop_others` failed writes its
+    `failed_resumable` status while its lease has run out unnoticed (no beat), and the store
+    refuses the release. `dispose_outcome` sent the nak anyway, "the lease expires by
+    itself", but it already had: an adopter claimed the run in between, and the nak landed
+    on the stream sequence it works on (SPEC §5.4). Fixed in `runner/disposition.py`
+    `dispose_outcome`: a release the store refused is followed by the disposition only while
+    the lease is short of its loss margin (`CancelSignal.lease_spent`), when nobody else can
+    hold the run; past it the delivery ends with none."""
+
+    def scenario(m: ProtocolModel) -> None:
+        m.arm_fault("stop_others", 1, False)  # the execution fails before its first node
+        m.arm_fault("release", 1, False)  # and the store will refuse its release
+        m.fetch(0, 0, False)
+        stalled = _actor(m, "runner0.0:deliver s1#1")
+        _until(m, stalled, "update_run status=failed_resumable")
+        m.advance(ACK_WAIT + 1, False)  # stalled past its lease: no beat, no loss declared
+        _until(m, stalled, "update_run -lease")  # the status landed; the release is next
+        m.fetch(1, 0, False)  # the redelivery: adoption of the failed_resumable run
+        adopter = _actor(m, "runner1.0:deliver s1#2")
+        _until(m, adopter, "in_progress s1")  # the adopter's claim landed: it holds the lease
+        _finish(m, stalled)  # release refused -> (was) nak on the adopter's sequence
+
+    _replay(STORE_REFUSED_THEN_TAKEN_OVER, scenario)
