@@ -2,9 +2,10 @@
 
 Each store instance owns one connection used from one dedicated thread (`SqliteWorker`), where
 writes waiting together share one transaction (group commit), and a second connection used on the
-event loop's own thread for what is cheaper there than a hop: point reads, and a write while the
-store thread is idle and the write lock free. None is reported before its commit. sqlite3 errors
-become the store's errors here, by result code.
+event loop's own thread for what is cheaper there than a hop: point reads, and the writes of one
+turn of the loop, together in one transaction, while the store thread is idle and the write lock
+free. None is reported before its commit. sqlite3 errors become the store's errors here, by
+result code.
 """
 
 from __future__ import annotations
