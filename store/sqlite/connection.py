@@ -14,10 +14,11 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from store.errors import StoreError
 from store.sqlite.checkpointer import WalCheckpointer
 from store.sqlite.schema import connect, translate
 from store.sqlite_worker import SqliteWorker, commit_begun
@@ -131,7 +132,17 @@ class SqliteConnection:
             else:
                 _settle_turn(waiting, [(False, exc)] * len(waiting))
             return
-        outcomes = commit_begun(conn, [fn for fn, _ in waiting])
+        try:
+            outcomes = commit_begun(conn, [fn for fn, _ in waiting])
+        except BaseException as exc:
+            # Only something like `KeyboardInterrupt` raised by a write gets here: nothing of
+            # the turn is committed, and no caller may wait forever (as on the store thread).
+            if conn.in_transaction:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            failure = StoreError(f"the store operation failed: {exc!r}")
+            _settle_turn(waiting, [(False, failure)] * len(waiting))
+            raise
         _settle_turn(waiting, [(True, (True, v)) if ok else (False, v) for ok, v in outcomes])
 
     async def ping(self) -> None:

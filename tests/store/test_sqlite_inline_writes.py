@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from store.errors import RunAlreadyExists
+from store.errors import RunAlreadyExists, StoreError
 from store.protocols import RunQuery
 from store.sqlite import SqliteRunStore
 from tests.store.conftest import MakeRun
@@ -160,3 +160,31 @@ async def test_a_write_cancelled_before_its_turn_ends_is_never_run(
         await drop
     assert len(inserts(here)) == 1
     assert [r.run_id for r in (await store.list_runs(RunQuery())).runs] == [kept.run_id]
+
+
+class _Escapes(BaseException):
+    """Not an `Exception`: what `commit_begun` does not catch write by write."""
+
+
+async def test_a_turn_whose_write_raises_a_base_exception_fails_every_write_of_it(
+    store: SqliteRunStore, make_run: MakeRun
+) -> None:
+    def escapes(conn: sqlite3.Connection) -> None:
+        raise _Escapes()
+
+    kept = make_run()
+    loop = asyncio.get_running_loop()
+    seen: list[BaseException] = []
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx["exception"]))
+    try:
+        answers = await asyncio.gather(
+            store.create_run(kept), store._write(escapes), return_exceptions=True
+        )
+    finally:
+        loop.set_exception_handler(None)
+    # Neither caller waits forever; nothing of the turn is committed; the loop heard why.
+    assert all(isinstance(a, StoreError) for a in answers), answers
+    assert [type(e) for e in seen] == [_Escapes]
+    assert store._inline is not None and not store._inline.in_transaction
+    assert (await store.list_runs(RunQuery())).runs == []
+    assert await store.create_run(kept) == kept  # the store goes on
