@@ -607,6 +607,8 @@ async def test_redelivery_of_a_resume_does_not_lend_force_or_accept_scratch_loss
     assert parked.scratch is not None and not parked.scratch.forsaken  # not accepted again
     assert parked.workflow.source_hash == v2.source_hash
     assert consents_outside_resume_spec(parked) == []
+    # The ack follows the parking write (and its event's): wait for it, then count exactly.
+    await reaches(runner, "ack", "refused_scratch")
     assert deliveries(runner, "ack", "refused_scratch") == 1
     claims = [e for e in await fleet.store.read_events(run_id) if e.type == "run_claimed"]
     assert [e.data["path"] for e in claims] == ["fresh"]

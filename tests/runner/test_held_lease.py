@@ -381,6 +381,12 @@ async def test_draining_runner_hands_on_the_last_delivery_of_a_queued_run_instea
     run = await fleet.launch(workflow("hello").source)
     handed = await eventually(lambda: _status_when(fleet, run.run_id, lambda d: d.attempt == 2))
     assert handed.status is S.QUEUED
+    # The ack follows the hand-on's write: wait for it, then count exactly.
+
+    async def acked() -> bool:
+        return deliveries(runner, "ack", "handed_on") >= 1
+
+    await eventually(acked)
     assert deliveries(runner, "nak", "draining") >= 1  # delivery 1 (and attempt 2's copies)
     assert deliveries(runner, "ack", "handed_on") == 1
     seq = run.publication.stream_seq if run.publication else 0
