@@ -102,33 +102,34 @@ class SqliteConnection:
         conn = self._here()
         if conn is not None and self._worker.idle:
             loop = asyncio.get_running_loop()
-            turn: asyncio.Future[tuple[bool, T | None]] = loop.create_future()
+            turn: asyncio.Future[Any] = loop.create_future()
             self._turn.append((fn, turn))
             if len(self._turn) == 1:
                 loop.call_soon(self._commit_turn)
             with _translated(self.path):
-                ran, result = await turn
-            if ran:
-                return result  # type: ignore[return-value]
+                result = await turn
+            if result is not _LOCK_TAKEN:
+                return result  # type: ignore[no-any-return]
         with _translated(self.path):
             return await self._worker.write(fn)
 
     def _commit_turn(self) -> None:
         """This turn's writes in one transaction on the inline connection; each one's future
-        gets its result, or `(False, None)` when another process holds the write lock (the
+        gets its result, or `_LOCK_TAKEN` when another process holds the write lock (the
         caller then hands its write to the store thread)."""
         waiting, self._turn = [(fn, f) for fn, f in self._turn if not f.cancelled()], []
         conn = self._here()
         if not waiting:
             return
+        lock_taken = [(True, _LOCK_TAKEN)] * len(waiting)
         if conn is None:  # closed since: the thread says so
-            _settle_turn(waiting, [(True, (False, None))] * len(waiting))
+            _settle_turn(waiting, lock_taken)
             return
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             if isinstance(exc, sqlite3.OperationalError) and _busy(exc):
-                _settle_turn(waiting, [(True, (False, None))] * len(waiting))
+                _settle_turn(waiting, lock_taken)
             else:
                 _settle_turn(waiting, [(False, exc)] * len(waiting))
             return
@@ -143,7 +144,7 @@ class SqliteConnection:
             failure = StoreError(f"the store operation failed: {exc!r}")
             _settle_turn(waiting, [(False, failure)] * len(waiting))
             raise
-        _settle_turn(waiting, [(True, (True, v)) if ok else (False, v) for ok, v in outcomes])
+        _settle_turn(waiting, outcomes)
 
     async def ping(self) -> None:
         await self._read(lambda c: c.execute("SELECT 1").fetchone())
@@ -156,6 +157,10 @@ class SqliteConnection:
         if self._inline is not None:
             self._inline.close()
             self._inline = None
+
+
+_LOCK_TAKEN = object()
+"""A turn's answer to a write it did not run: another connection held the write lock."""
 
 
 def _settle_turn(
