@@ -3,9 +3,9 @@
 Each store instance owns one connection used from one dedicated thread (`SqliteWorker`), where
 writes waiting together share one transaction (group commit), and a second connection used on the
 event loop's own thread for what is cheaper there than a hop: point reads, and the writes of one
-turn of the loop, together in one transaction, while the store thread is idle and the write lock
-free. None is reported before its commit. sqlite3 errors become the store's errors here, by
-result code.
+turn of the loop, together in one transaction, while the store thread is idle (waiting briefly
+for the write lock when another process holds it). None is reported before its commit. sqlite3
+errors become the store's errors here, by result code.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -40,6 +41,12 @@ class SqliteConnection:
         self._inline_thread = threading.get_ident()
         self._turn: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
         """The writes asked for in this turn of the loop, committed together at its end."""
+        self._turn_scheduled = False
+        self._busy_since: float | None = None
+        """When the pending turn first found the write lock taken (loop time)."""
+        self.lock_patience_s = LOCK_PATIENCE_S
+        """How long writes wait for the lock on the loop's thread before the store thread
+        takes them over."""
         self.checkpointer = checkpointer
 
     @classmethod
@@ -95,8 +102,11 @@ class SqliteConnection:
         as much CPU as the write between them, and the slots of a runner that took one fetch
         batch claim, and later finish, in the same turns (ADR-0009 amendment 5).
 
-        If the write lock is taken, the turn's writes go to the store thread, which waits for
-        the lock; every write after them queues there while it waits, and they commit together
+        If another process holds the write lock, the turn waits for it here (amendment 6):
+        `_begin` tries twice more after a 50 µs pause, then the turn is tried again at later
+        turns of the loop, and every write asked for meanwhile joins it. Only after
+        `lock_patience_s` do its writes go to the store thread, which waits for the lock with
+        the busy timeout; every write after them queues there, and they commit together
         (amendment 3). An earlier attempt ran every write here in its own transaction and lost
         group commit under load: drain fell from 849 to 665 runs/s (docs/performance.md)."""
         conn = self._here()
@@ -104,7 +114,8 @@ class SqliteConnection:
             loop = asyncio.get_running_loop()
             turn: asyncio.Future[Any] = loop.create_future()
             self._turn.append((fn, turn))
-            if len(self._turn) == 1:
+            if not self._turn_scheduled:
+                self._turn_scheduled = True
                 loop.call_soon(self._commit_turn)
             with _translated(self.path):
                 result = await turn
@@ -114,9 +125,11 @@ class SqliteConnection:
             return await self._worker.write(fn)
 
     def _commit_turn(self) -> None:
-        """This turn's writes in one transaction on the inline connection; each one's future
-        gets its result, or `_LOCK_TAKEN` when another process holds the write lock (the
-        caller then hands its write to the store thread)."""
+        """The pending writes in one transaction on the inline connection; each one's future
+        gets its result. While another process holds the write lock the writes stay pending
+        and this runs again shortly; past `lock_patience_s` each future gets `_LOCK_TAKEN`
+        (the caller then hands its write to the store thread)."""
+        self._turn_scheduled = False
         waiting, self._turn = [(fn, f) for fn, f in self._turn if not f.cancelled()], []
         conn = self._here()
         if not waiting:
@@ -126,13 +139,23 @@ class SqliteConnection:
             _settle_turn(waiting, lock_taken)
             return
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            _begin(conn)
         except sqlite3.Error as exc:
             if isinstance(exc, sqlite3.OperationalError) and _busy(exc):
+                loop = asyncio.get_running_loop()
+                if self._busy_since is None:
+                    self._busy_since = loop.time()
+                if loop.time() - self._busy_since < self.lock_patience_s:
+                    self._turn = waiting + self._turn  # later writes join these
+                    self._turn_scheduled = True
+                    loop.call_later(_RETRY_S, self._commit_turn)
+                    return
+                self._busy_since = None
                 _settle_turn(waiting, lock_taken)
             else:
                 _settle_turn(waiting, [(False, exc)] * len(waiting))
             return
+        self._busy_since = None
         try:
             outcomes = commit_begun(conn, [fn for fn, _ in waiting])
         except BaseException as exc:
@@ -158,6 +181,32 @@ class SqliteConnection:
             self._inline.close()
             self._inline = None
 
+
+def _begin(conn: sqlite3.Connection) -> None:
+    """`BEGIN IMMEDIATE`, tried twice more after a pause of `_SPIN_S` while another process
+    holds the write lock: it holds it for one transaction, ≈ 0.1-0.3 ms here, so a short wait
+    on the spot usually gets it, where the loop's next try comes a millisecond later at best
+    and a hop to the store thread costs ≈ 0.1 ms of CPU and a GIL hand-over each way."""
+    for _ in range(_SPINS):
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc):
+                raise
+        time.sleep(_SPIN_S)
+    conn.execute("BEGIN IMMEDIATE")
+
+
+_SPINS = 2
+_SPIN_S = 0.00005
+_RETRY_S = 0.0005
+"""Between a turn's tries for the lock on the loop's thread: asyncio's epoll wait rounds up to
+the millisecond, so ≈ 1 ms unless the loop has other work sooner."""
+LOCK_PATIENCE_S = 0.05
+"""How long a turn's writes wait for the lock on the loop's thread before the store thread,
+which waits with the busy timeout, takes them over: a lock held this long is not one
+transaction's (a long operator query, a WAL truncation), and polling it here would cost CPU."""
 
 _LOCK_TAKEN = object()
 """A turn's answer to a write it did not run: another connection held the write lock."""

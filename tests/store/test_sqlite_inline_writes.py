@@ -1,7 +1,8 @@
 """Writes on the event loop's own thread while the store thread is idle (issue 19, ADR-0009
-amendments 3 and 5): the writes asked for in one turn of the loop share one transaction, begun
-and committed on the loop's thread at the end of that turn, each in its own savepoint; when the
-store thread has work, or another connection holds the write lock, they queue there for group
+amendments 3, 5 and 6): the writes asked for in one turn of the loop share one transaction, begun
+and committed on the loop's thread at the end of that turn, each in its own savepoint; while
+another connection holds the write lock they wait for it there, and later writes join them; when
+the store thread has work, or the lock is held past the patience, they queue there for group
 commit."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from store.errors import RunAlreadyExists, StoreError
 from store.protocols import RunQuery
 from store.sqlite import SqliteRunStore
+from tests.runner.conftest import eventually
 from tests.store.conftest import MakeRun
 from tests.store.test_sqlite_group_commit import Gate
 
@@ -67,23 +69,57 @@ async def test_a_write_while_the_store_thread_is_busy_queues_for_group_commit(
     assert len([s for s in there if s == "COMMIT"]) == 2  # the gate's batch, then the three
 
 
-async def test_a_write_that_finds_the_lock_taken_waits_on_the_store_thread_and_lands(
+async def test_a_write_that_finds_the_lock_taken_waits_for_it_on_the_loop_thread_and_lands(
     store: SqliteRunStore, make_run: MakeRun, tmp_path: Path
 ) -> None:
+    """Amendment 6: the turn tries again on the loop's thread while another process holds the
+    lock, and a write asked for meanwhile joins it: one transaction, nothing on the thread."""
+    store.lock_patience_s = 60.0  # the test releases the lock, not the patience
+    here, there = traced(store._inline), traced(store._worker._conn)
+    blocker = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    first, second = make_run(), make_run()
+    try:
+        write = asyncio.ensure_future(store.create_run(first))
+        tries = 3 + 2  # `_begin`'s three, then two tries of later turns
+        await eventually(lambda: _at_least(here.count("BEGIN IMMEDIATE"), tries), within=10)
+        assert not write.done(), "the write should wait for the lock, not fail"
+        late = asyncio.ensure_future(store.create_run(second))
+        await eventually(lambda: _at_least(here.count("BEGIN IMMEDIATE"), tries + 1), within=10)
+        assert inserts(here) == []
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert await write == first and await late == second
+    assert len(inserts(here)) == 2 and here.count("COMMIT") == 1  # together
+    assert inserts(there) == []
+    assert (await store.get_run(second.run_id)).run_id == second.run_id
+
+
+async def _at_least(value: int, least: int) -> bool:
+    return value >= least
+
+
+async def test_a_write_that_finds_the_lock_taken_past_its_patience_goes_to_the_store_thread(
+    store: SqliteRunStore, make_run: MakeRun, tmp_path: Path
+) -> None:
+    """A lock held past `lock_patience_s` is not one transaction's: the store thread takes the
+    write over and waits for the lock with the busy timeout."""
+    store.lock_patience_s = 0.0
     here, there = traced(store._inline), traced(store._worker._conn)
     blocker = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
     run = make_run()
     try:
         write = asyncio.ensure_future(store.create_run(run))
-        done, _ = await asyncio.wait({write}, timeout=0.3)
-        assert not done, "the write should wait for the lock, not fail"
-        assert here == ["BEGIN IMMEDIATE"]  # tried here, found busy, nothing ran
+        await eventually(lambda: _at_least(there.count("BEGIN IMMEDIATE"), 1), within=10)
+        assert not write.done(), "the write should wait for the lock, not fail"
+        assert here == ["BEGIN IMMEDIATE"] * 3  # `_begin`'s tries here; nothing ran
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
     assert await write == run
-    assert len(inserts(there)) == 1
+    assert len(inserts(there)) == 1 and inserts(here) == []
     assert (await store.get_run(run.run_id)).run_id == run.run_id
 
 
