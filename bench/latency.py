@@ -124,6 +124,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--low-runs", type=int, default=300)
     ap.add_argument("--seconds", type=float, default=20.0, help="duration of the 50%% phase")
     ap.add_argument("--load", type=float, default=0.5, help="fraction of capacity")
+    ap.add_argument(
+        "--rate", type=float, help="open-loop runs/s instead of --load x capacity (for A/B pairs)"
+    )
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -148,7 +151,7 @@ async def main() -> int:
         await asyncio.sleep(1.0)
         low_ids = await low_load(rnd, pub, args.low_runs)
         print(f"  low load: {len(low_ids)} runs one at a time")
-        target = cap * args.load
+        target = args.rate if args.rate else cap * args.load
         loaded_ids, achieved = await open_loop(rnd, pub, target, args.seconds)
         total = args.capacity_runs + len(low_ids) + len(loaded_ids)
         await rnd.wait_finished(total, within=300)
