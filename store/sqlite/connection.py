@@ -133,6 +133,7 @@ class SqliteConnection:
         waiting, self._turn = [(fn, f) for fn, f in self._turn if not f.cancelled()], []
         conn = self._here()
         if not waiting:
+            self._busy_since = None  # every waiting write was cancelled: the wait is over
             return
         lock_taken = [(True, _LOCK_TAKEN)] * len(waiting)
         if conn is None:  # closed since: the thread says so

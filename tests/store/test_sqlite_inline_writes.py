@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from store.errors import RunAlreadyExists, StoreError
+from store.errors import RunAlreadyExists, RunNotFound, StoreError
 from store.protocols import RunQuery
 from store.sqlite import SqliteRunStore
 from tests.runner.conftest import eventually
@@ -98,6 +98,35 @@ async def test_a_write_that_finds_the_lock_taken_waits_for_it_on_the_loop_thread
 
 async def _at_least(value: int, least: int) -> bool:
     return value >= least
+
+
+async def test_a_write_cancelled_while_it_waits_for_the_lock_is_never_run(
+    store: SqliteRunStore, make_run: MakeRun, tmp_path: Path
+) -> None:
+    """Cancelled while its turn waits for the lock: never run, and the wait ends with it (the
+    next write that finds the lock taken waits its own full patience)."""
+    store.lock_patience_s = 60.0
+    here = traced(store._inline)
+    blocker = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    gone, kept = make_run(), make_run()
+    try:
+        write = asyncio.ensure_future(store.create_run(gone))
+        await eventually(lambda: _at_least(here.count("BEGIN IMMEDIATE"), 4), within=10)
+        write.cancel()
+        await eventually(lambda: _done_waiting(store), within=10)
+        assert store._busy_since is None
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert await store.create_run(kept) == kept
+    assert len(inserts(here)) == 1
+    with pytest.raises(RunNotFound):
+        await store.get_run(gone.run_id)
+
+
+async def _done_waiting(store: SqliteRunStore) -> bool:
+    return not store._turn_scheduled
 
 
 async def test_a_write_that_finds_the_lock_taken_past_its_patience_goes_to_the_store_thread(
