@@ -60,6 +60,28 @@ async def eventually(
     raise AssertionError(f"condition not met within {within}s (last: {last!r})")
 
 
+def deliveries(runner: Runner, disposition: str, reason: str) -> float:
+    """How many deliveries `runner` disposed of that way (`runfleet_deliveries_total`)."""
+    from tests.runner.callables import sample
+
+    return sample(
+        runner.metrics.registry, "runfleet_deliveries_total", disposition=disposition, reason=reason
+    )
+
+
+async def reaches(
+    runner: Runner, disposition: str, reason: str, n: int = 1, within: float = 10.0
+) -> float:
+    """Waits until `n` deliveries were disposed of that way; returns when it was seen. A
+    disposition follows the store write it settles, so a test counts only after this."""
+
+    async def probe() -> bool:
+        return deliveries(runner, disposition, reason) >= n
+
+    await eventually(probe, within=within, every=0.02)
+    return time.monotonic()
+
+
 @dataclass
 class Fleet:
     """Everything a runner test touches, all real."""

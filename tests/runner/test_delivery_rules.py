@@ -3,7 +3,6 @@ SQLite store, deliveries crafted by hand where a rule needs a precise state."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -45,7 +44,7 @@ from tests.runner.callables import (
     sample,
     workflow,
 )
-from tests.runner.conftest import LEASE, Fleet, eventually
+from tests.runner.conftest import LEASE, Fleet, deliveries, eventually, reaches
 
 S = RunStatus
 UNBANKABLE = ScratchRecord(state="unbankable", bytes=10)
@@ -67,24 +66,6 @@ async def _quick_drain(fleet: Fleet) -> AsyncIterator[None]:
 @pytest.fixture
 async def runner(fleet: Fleet) -> Runner:
     return await fleet.start_runner(sweeper=False, backstop=False)
-
-
-def deliveries(runner: Runner, disposition: str, reason: str) -> float:
-    return sample(
-        runner.metrics.registry, "runfleet_deliveries_total", disposition=disposition, reason=reason
-    )
-
-
-async def reaches(
-    runner: Runner, disposition: str, reason: str, n: int = 1, within: float = 10.0
-) -> float:
-    """Waits until `n` deliveries were disposed of that way; returns when it was seen."""
-
-    async def probe() -> bool:
-        return deliveries(runner, disposition, reason) >= n
-
-    await eventually(probe, within=within, every=0.02)
-    return time.monotonic()
 
 
 async def gone(fleet: Fleet, seq: int) -> bool:

@@ -26,8 +26,8 @@ from store import (
     Update,
 )
 from store.sqlite import SqliteRunStore
-from tests.runner.callables import bound_drain, calls, open_fleet, sample, workflow
-from tests.runner.conftest import Fleet, eventually
+from tests.runner.callables import bound_drain, calls, open_fleet, workflow
+from tests.runner.conftest import Fleet, deliveries, eventually, reaches
 from tests.support.nats_server import NatsServer
 
 S = RunStatus
@@ -51,19 +51,6 @@ async def small_fleet(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[
     """A fleet whose consumer delivers each message at most twice."""
     async with open_fleet(tmp_path / "small", nats_server, max_deliver=2) as fleet:
         yield fleet
-
-
-def deliveries(runner: Runner, disposition: str, reason: str) -> float:
-    return sample(
-        runner.metrics.registry, "runfleet_deliveries_total", disposition=disposition, reason=reason
-    )
-
-
-async def reaches(runner: Runner, disposition: str, reason: str, n: int = 1) -> None:
-    async def probe() -> bool:
-        return deliveries(runner, disposition, reason) >= n
-
-    await eventually(probe, within=10)
 
 
 async def gone(fleet: Fleet, seq: int) -> bool:

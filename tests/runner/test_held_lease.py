@@ -28,8 +28,8 @@ from store import (
     Update,
 )
 from store.sqlite import SqliteRunStore
-from tests.runner.callables import bound_drain, open_fleet, sample, workflow
-from tests.runner.conftest import Fleet, eventually
+from tests.runner.callables import bound_drain, open_fleet, workflow
+from tests.runner.conftest import Fleet, deliveries, eventually, reaches
 from tests.support.nats_server import NatsServer
 
 S = RunStatus
@@ -47,12 +47,6 @@ async def small_fleet(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[
 async def _quick_drain(fleet: Fleet) -> AsyncIterator[None]:
     yield
     bound_drain(fleet.runners)
-
-
-def deliveries(runner: Runner, disposition: str, reason: str) -> float:
-    return sample(
-        runner.metrics.registry, "runfleet_deliveries_total", disposition=disposition, reason=reason
-    )
 
 
 async def has_record(fleet: Fleet, seq: int) -> bool:
@@ -382,11 +376,7 @@ async def test_draining_runner_hands_on_the_last_delivery_of_a_queued_run_instea
     handed = await eventually(lambda: _status_when(fleet, run.run_id, lambda d: d.attempt == 2))
     assert handed.status is S.QUEUED
     # The ack follows the hand-on's write: wait for it, then count exactly.
-
-    async def acked() -> bool:
-        return deliveries(runner, "ack", "handed_on") >= 1
-
-    await eventually(acked)
+    await reaches(runner, "ack", "handed_on")
     assert deliveries(runner, "nak", "draining") >= 1  # delivery 1 (and attempt 2's copies)
     assert deliveries(runner, "ack", "handed_on") == 1
     seq = run.publication.stream_seq if run.publication else 0
