@@ -434,6 +434,7 @@ class Bench:
 
     async def end_round(self, rnd: Round) -> None:
         await rnd.stop_runners()
+        await rnd.publisher.flush()
         await rnd.store.close()
         assert self.js is not None
         for stream in (rnd.names.runs_stream, rnd.names.advisory_stream, rnd.names.dlq_stream):

@@ -38,6 +38,7 @@ from publisher.errors import (
     PublishFailed,
     RunNotCancellable,
 )
+from publisher.launch_records import LaunchRecords
 from publisher.nats_errors import (
     PUBLISH_RETRYABLE,
     msg_id_in_process,
@@ -97,7 +98,9 @@ class Publisher:
         self.settings = settings
         self.names = names or WireNames(settings.namespace)
         self.dlq = dlq
-        self._recording: set[asyncio.Task[None]] = set()
+        self.launch_records = LaunchRecords(
+            store, lambda run, ack, at: self.record_publication(run, ack, at=at)
+        )
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -291,38 +294,20 @@ class Publisher:
                 attempt=1,
             )
             raise
-        # The publication record is written without the producer waiting for it: the claim
-        # records its own delivery anyway, and if this write never lands (the producer dies, the
-        # store blips) the sweeper's missing-publication rule republishes with the original
-        # `Nats-Msg-Id`, which the dedupe window answers as this very copy (SPEC §5.7; the
-        # protocol model's `launch_record_lost` rule). `flush()` waits for these writes.
-        # The answer says which copy carries the run, as the record will once it lands.
+        # The publication record is written later, without the producer waiting for it, and
+        # only if no claim has recorded this copy first (`launch_records`, SPEC §5.7's
+        # missing-publication rule covering a record never written; the protocol model's
+        # `launch_record` rule). The answer says which copy carries the run, as the record will.
         at = utcnow()
-        self._record_later(doc, ack, at)
+        self.launch_records.add(doc, ack, at)
         publication = Publication(
             attempt=1, stream_seq=ack.seq, at=at, msg_id=msg_id(doc.run_id, 1)
         )
         return doc.model_copy(update={"publication": publication})
 
-    def _record_later(self, doc: RunDocument, ack: PubAck, at: datetime) -> None:
-        task = asyncio.get_running_loop().create_task(self._record_quietly(doc, ack, at))
-        self._recording.add(task)
-        task.add_done_callback(self._recording.discard)
-
-    async def _record_quietly(self, doc: RunDocument, ack: PubAck, at: datetime) -> None:
-        try:
-            await self.record_publication(doc, ack, at=at)
-        except Exception as exc:  # noqa: BLE001 - the sweeper records it (see `launch`)
-            log.warning(
-                "run %s: publication record not written (%r); the sweeper repairs it",
-                doc.run_id,
-                exc,
-            )
-
     async def flush(self) -> None:
-        """Wait for the publication records `launch` left writing (before closing the store)."""
-        while self._recording:
-            await asyncio.gather(*list(self._recording), return_exceptions=True)
+        """Write the publication records `launch` left pending now (before closing the store)."""
+        await self.launch_records.flush()
 
     # -- resume and replay --------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ class RunQuery:
     updated_before: datetime | None = None
     workflow: str | None = None
     """The workflow's name (`workflow.name`)."""
+    run_ids: Sequence[str] = ()
+    """Only these runs: how the publisher looks up a batch of its launches in one read."""
     after_run_id: str | None = None
     newest_first: bool = False
     """Descending run ids (newest first, UUIDv7); `after_run_id` then pages toward older."""

@@ -99,6 +99,8 @@ def _filter(query: RunQuery) -> tuple[Doc, int]:
         clauses.append({"updated_at": {"$lt": to_ms(query.updated_before)}})
     if query.workflow is not None:
         clauses.append({"workflow.name": query.workflow})
+    if query.run_ids:
+        clauses.append({"_id": {"$in": list(query.run_ids)}})
     if query.after_run_id is not None:
         clauses.append({"_id": {"$lt" if query.newest_first else "$gt": query.after_run_id}})
     flt: Doc = {"$and": clauses} if clauses else {}

@@ -147,6 +147,9 @@ def _where(query: RunQuery) -> tuple[str, list[Any]]:
     if query.workflow is not None:
         where.append(f"{json_field('$.workflow.name')} = ?")
         args.append(query.workflow)
+    if query.run_ids:
+        where.append(f"run_id IN ({','.join('?' * len(query.run_ids))})")
+        args.extend(query.run_ids)
     if query.after_run_id is not None:
         where.append("run_id < ?" if query.newest_first else "run_id > ?")
         args.append(query.after_run_id)

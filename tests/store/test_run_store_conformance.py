@@ -699,6 +699,24 @@ async def test_list_run_copies_pages_what_list_runs_pages_with_each_runs_recorde
     assert got == want
 
 
+async def test_a_query_by_run_ids_finds_exactly_those_runs_and_keeps_the_other_filters(
+    run_store: RunStore, make_run: MakeRun
+):
+    """The publisher looks up a batch of its launches in one read (issue 19): the named runs
+    that exist, none other, with every other filter still applied."""
+    at = utcnow()
+    docs = [make_run(publication=Publication(attempt=1, stream_seq=i, at=at)) for i in range(6)]
+    docs.append(make_run(status=RunStatus.FINISHED))
+    for doc in docs:
+        await run_store.create_run(doc)
+    asked = [docs[0].run_id, docs[2].run_id, docs[5].run_id, docs[6].run_id, "no-such-run"]
+    page = await run_store.list_run_copies(RunQuery(run_ids=asked, limit=len(asked)))
+    assert sorted(c.run_id for c in page.copies) == sorted(asked[:4])
+    assert {c.run_id: c.stream_seq for c in page.copies}[docs[2].run_id] == 2
+    queued = await run_store.list_runs(RunQuery(run_ids=asked, statuses=[RunStatus.QUEUED]))
+    assert sorted(r.run_id for r in queued.runs) == sorted(asked[:3])
+
+
 async def test_a_run_whose_outputs_hold_nan_is_still_listed_by_every_query(
     run_store: RunStore, make_run: MakeRun
 ):
