@@ -65,6 +65,7 @@ class LaunchRecords:
         self._pending: deque[PendingRecord] = deque()
         self._task: asyncio.Task[None] | None = None
         self._hurry = asyncio.Event()
+        self._flushes = 0
 
     @property
     def pending(self) -> int:
@@ -78,13 +79,16 @@ class LaunchRecords:
 
     async def flush(self) -> None:
         """Write every pending record now, and wait for them (before the store closes)."""
+        self._flushes += 1
         self._hurry.set()
         try:
             while self._task is not None and not self._task.done():
                 # Shielded: a cancelled flush leaves the records to the task, not half-written.
                 await asyncio.shield(self._task)
         finally:
-            self._hurry.clear()
+            self._flushes -= 1
+            if not self._flushes:  # another flush still waiting keeps the hurry on
+                self._hurry.clear()
 
     async def _write_when_due(self) -> None:
         loop = asyncio.get_running_loop()
