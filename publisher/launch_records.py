@@ -2,9 +2,9 @@
 written it already (SPEC §4 Launch, §5.3; issue 19).
 
 A launch answers once its publish is acknowledged; the record of which copy carries the run is
-written after, without the producer waiting (ADR-0014). Written at once, it is a second write
-of every row, about a fifth of a launch's CPU, and a write-lock turn that competes with the
-runners'. Yet when runners keep up, one has usually claimed the run before the record would
+written after, without the producer waiting (ADR-0014, amendment 3). Written at once, it is a
+second write of every row, about a fifth of a launch's CPU, and a write-lock turn that competes
+with the runners'. Yet when runners keep up, one has usually claimed the run before the record would
 land, and the claim writes the whole `publication` itself, so the record's CAS is refused.
 
 So each record waits `delay_s`, then one read per batch (`list_run_copies` by run id) finds the

@@ -142,10 +142,10 @@ class ProtocolModel(Judging, RuleBasedStateMachine):
         self.ops = self._services("ops")
         # The launch leaves its publication record to be written later (issue 19 lever 3,
         # `publisher/launch_records.py`): the `launch_record` rule decides whether it ever lands.
-        self.pending_record: tuple[RunDocument, Any, datetime] | None = None
+        self.pending_record: PendingRecord | None = None
 
         def hold(doc: RunDocument, ack: Any, at: datetime) -> None:
-            self.pending_record = (doc, ack, at)
+            self.pending_record = PendingRecord(0.0, doc, ack, at)
 
         self.ops.publisher.launch_records.add = hold  # type: ignore[method-assign]
         launched = self.run(self.ops.publisher.launch(V1, {}, tenant="default"))
@@ -542,13 +542,11 @@ class ProtocolModel(Judging, RuleBasedStateMachine):
         never (the producer died first): the claim records its own delivery, and the sweeper's
         missing-publication rule republishes under the original `Nats-Msg-Id`, which the
         dedupe window answers as the same copy. Neither strands nor doubles the run."""
-        assert self.pending_record is not None
-        doc, ack, at = self.pending_record
-        self.pending_record = None
+        pending, self.pending_record = self.pending_record, None
+        assert pending is not None
         if lands:
             # Through the batch's read, as the publisher writes it: skipped when the claim
             # recorded the copy first (the case the record's CAS would refuse).
-            pending = PendingRecord(0.0, doc, ack, at)
             written = self.run(self.ops.publisher.launch_records.write_needed([pending]))
             _seen("launch record: landed late" if written else "launch record: claim was first")
         else:

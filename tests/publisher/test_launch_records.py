@@ -14,6 +14,7 @@ from nats.js.api import PubAck
 
 from publisher import Publisher
 from store import Eq, Publication, RunDocument, RunQuery, RunStore, Update, utcnow
+from tests.engine.conftest import poll_until
 from tests.publisher.conftest import example
 
 BOTH_STORES = pytest.mark.parametrize("run_store", ["sqlite", "mongomock"], indirect=True)
@@ -45,12 +46,12 @@ def _count_writes(publisher: Publisher) -> list[str]:
     return written
 
 
-async def _until_recorded(store: RunStore, run: RunDocument, within: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while (await store.get_run(run.run_id)).publication != run.publication:
-        assert loop.time() < deadline, "the publication record never landed"
-        await asyncio.sleep(0.01)
+async def _until_recorded(store: RunStore, run: RunDocument) -> None:
+    await poll_until(
+        lambda: store.get_run(run.run_id),
+        lambda doc: doc.publication == run.publication,
+        what="the publication record landing",
+    )
 
 
 @BOTH_STORES
