@@ -22,6 +22,13 @@ class RunnerSettings(RunfleetSettings):
     transient_delay: Duration = timedelta(seconds=5)
     transient_delay_cap: Duration = timedelta(minutes=10)
     fetch_timeout: Duration = timedelta(seconds=0.5)
+    fetch_gather: Duration = Field(
+        default=timedelta(milliseconds=4),
+        le=timedelta(seconds=1),
+        json_schema_extra={"accepted": "a duration from 0s to 1s, such as 4ms"},
+        description="after a pull that emptied the queue, how long the next messages gather"
+        " before the runner pulls again (ADR-0015 amendment 2); 0 pulls at once",
+    )
     lagging_delay: Duration = timedelta(seconds=2)
     young_message: Duration = timedelta(seconds=30)
     unsupported_schema_delay: Duration = timedelta(minutes=5)

@@ -90,6 +90,12 @@ class RunnerMetrics:
         )
         self.inflight = Gauge("runfleet_inflight_runs", "Executions in flight", registry=r)
         self.free_slots = Gauge("runfleet_free_slots", "Free delivery slots", registry=r)
+        self.fetched = Histogram(
+            "runfleet_fetch_messages",
+            "Messages per pull that delivered any (1s under a trickle mean the gather is short)",
+            registry=r,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+        )
         self.ack_pending = Gauge(
             "runfleet_num_ack_pending", "Consumer num_ack_pending (last read)", registry=r
         )
