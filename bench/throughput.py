@@ -47,6 +47,7 @@ from bench.common import (
     loaded,
     machine,
     median,
+    metric,
     run_main,
     table,
 )
@@ -66,6 +67,8 @@ class Result:
     """B only: bytes the runner processes wrote to storage (WAL, checkpoints, logs), per run."""
     producer_cpu_ms: float = float("nan")
     """B e2e only: CPU of this process (the one awaited producer) per launch."""
+    per_pull: float = float("nan")
+    """B only: messages per pull that delivered any (`runfleet_fetch_messages`), all runners."""
 
     @property
     def rate(self) -> float:
@@ -254,6 +257,7 @@ async def runfleet_round(
             await rnd.wait_finished(n, within=max(120.0, n / 20))
             cpu = sum(p.cpu_seconds() for p in procs) - cpu0
             written = sum(p.written_bytes() for p in procs) - io0
+            pulls = await asyncio.to_thread(per_pull, procs)
             await rnd.wait_events("run_finished", n)
             times = rnd.event_times("run_claimed", "run_finished")
             first = min(times["run_claimed"].values())
@@ -263,7 +267,7 @@ async def runfleet_round(
                 print(f"  (drain {index}: runners became ready {skew:.2f}s apart)")
             done = len(times["run_finished"])
             kib = written / done / 1024
-            return Result(mode, index, done, last - first, cpu / done * 1e3, kib)
+            return Result(mode, index, done, last - first, cpu / done * 1e3, kib, per_pull=pulls)
         procs = await rnd.start_runners(r, s)
         await asyncio.sleep(0.5)
         cpu0 = sum(p.cpu_seconds() for p in procs)
@@ -276,6 +280,7 @@ async def runfleet_round(
         await rnd.wait_finished(n, within=max(120.0, n / 20))
         cpu = sum(p.cpu_seconds() for p in procs) - cpu0
         written = sum(p.written_bytes() for p in procs) - io0
+        pulls = await asyncio.to_thread(per_pull, procs)
         # The publication records still pending are the producer's work too (their read, and
         # the writes a claim did not make unneeded): counted, outside the timed window.
         flush0 = time.process_time()
@@ -286,13 +291,25 @@ async def runfleet_round(
         done = len(times["run_finished"])
         seconds = max(times["run_finished"].values()) - t0
         kib = written / done / 1024
-        return Result(mode, index, done, seconds, cpu / done * 1e3, kib, producer_cpu / n * 1e3)
+        return Result(
+            mode, index, done, seconds, cpu / done * 1e3, kib, producer_cpu / n * 1e3, pulls
+        )
     finally:
         for spy in spies:
             spy.send_signal(signal.SIGINT)
         for spy in spies:
             spy.wait(60)
         await bench.end_round(rnd)
+
+
+def per_pull(procs: list[RunnerProc]) -> float:
+    """Messages per delivering pull over the round, all runners (each runner is new)."""
+    total = pulls = 0.0
+    for p in procs:
+        snap = p.metrics()
+        total += metric(snap, "runfleet_fetch_messages_sum")
+        pulls += metric(snap, "runfleet_fetch_messages_count")
+    return total / pulls if pulls else float("nan")
 
 
 def _start_spies(
@@ -466,7 +483,8 @@ async def main() -> int:
                 print(
                     f"  {mode} {i}: B {b.count} runs in {b.seconds:.3f}s = {b.rate:,.0f}/s,"
                     f" runner CPU {b.cpu_ms_per_run:.2f} ms/run,"
-                    f" runner disk writes {b.kib_per_run:.1f} KiB/run"
+                    f" runner disk writes {b.kib_per_run:.1f} KiB/run,"
+                    f" {b.per_pull:.1f} msgs/pull"
                     + (f", producer CPU {b.producer_cpu_ms:.2f} ms/launch" if mode == "e2e" else "")
                 )
         count_text, totals = await counting_pass(bench, args.count_runs, s)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,11 +71,14 @@ def _copy(run_id: str, fields: str | None) -> RunCopy:
 
 @dataclass(frozen=True, slots=True)
 class _Judged:
-    """A compare-and-set that matched: the answer, the UPDATE's arguments, the write's instant."""
+    """A compare-and-set that matched: the answer, the UPDATE's arguments, the write's instant
+    and text."""
 
     doc: RunDocument
     args: tuple[Any, ...]
     now_ms: int
+    text: str
+    """The document as written: what the row holds once the write lands."""
 
 
 def _select_doc(conn: sqlite3.Connection, run_id: str) -> tuple[str] | None:
@@ -159,8 +164,53 @@ def _where(query: RunQuery) -> tuple[str, list[Any]]:
     return sql, args
 
 
+REMEMBERED = 1024
+"""How many runs' last-seen texts a store keeps (`_Remembered`): a runner's slots, with room."""
+
+
+class _Remembered:
+    """The text this store last read or wrote for each of its recent runs, a hint for the next
+    compare-and-set on the same run (issue 19, twelfth pass).
+
+    A runner reads a run to admit its delivery, then claims it, then finishes it: three reads of
+    the same row, each a SQLite statement and, in another process's turn, a re-read of the pages
+    it changed. The claim and the finish judge the remembered text instead, and write with the
+    guard the optimistic path already has (`AND doc = ?`): a row that changed since (another
+    process wrote it) writes nothing, and the write is judged again from a fresh read. A
+    conflict found on a remembered text is never answered: it too is judged again from a fresh
+    read, so every answer still rests on the row as it is. A hint only, so bounded and lossy."""
+
+    def __init__(self, size: int = REMEMBERED) -> None:
+        self._texts: OrderedDict[str, str] = OrderedDict()
+        """Oldest first. Each call below is one C-level operation, so a store used from two
+        threads cannot corrupt it (at worst a hint is lost)."""
+        self._size = size
+
+    def take(self, run_id: str) -> str | None:
+        return self._texts.pop(run_id, None)
+
+    def keep(self, run_id: str, text: str) -> None:
+        texts = self._texts
+        texts.pop(run_id, None)
+        texts[run_id] = text
+        if len(texts) > self._size:
+            with suppress(KeyError):
+                texts.popitem(last=False)
+
+    def forget(self, run_id: str) -> None:
+        self._texts.pop(run_id, None)
+
+
 class SqliteRunStore(SqliteEvents, SqliteRecords):
     """The `RunStore` protocol on one SQLite file."""
+
+    _remembered: _Remembered | None = None
+
+    @property
+    def remembered(self) -> _Remembered:
+        if self._remembered is None:
+            self._remembered = _Remembered()
+        return self._remembered
 
     async def create_run(
         self, doc: RunDocument, *, events: Sequence[EventDraft] = ()
@@ -187,6 +237,7 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         row = await self._point_read(lambda c: _select_doc(c, run_id))
         if row is None:
             raise RunNotFound(f"no run {run_id!r}")
+        self.remembered.keep(run_id, row[0])
         return _run(row[0], run_id)
 
     async def update_run(
@@ -210,6 +261,7 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         if narrow is not None and not events:
             text = await self._write(lambda conn: _in_place(conn, run_id, narrow))
             if text is not None:
+                self.remembered.keep(run_id, text)
                 return _run(text, run_id)
             # Nothing changed: the conditions do not hold, the run is gone, or its text is one
             # the JSON functions would rewrite. The general path answers each as before.
@@ -231,8 +283,9 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
             # Validated before writing (a write that would store an invalid run is refused),
             # and that model is the answer: the document is not parsed twice.
             doc = decode(RunDocument, new, what="run update", ident=run_id)
-            args = (*(column_value(new, c) for c in columns), dumps(new), run_id)
-            return _Judged(doc, args, now_ms)
+            text = dumps(new)
+            args = (*(column_value(new, c) for c in columns), text, run_id)
+            return _Judged(doc, args, now_ms, text)
 
         def write(conn: sqlite3.Connection, done: _Judged, *, read: str | None = None) -> bool:
             """`read`: write only if the row still holds that text."""
@@ -241,6 +294,21 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
                 return False  # moved since the read: nothing written, nothing appended
             append_drafts(conn, run_id, events, done.now_ms)
             return True
+
+        remembered = self.remembered
+        hint = remembered.take(run_id)
+        if hint is not None:
+            # Judged on the text this store last saw; written only if the row still holds it.
+            # A conflict, or a row that moved, goes on to a fresh read below.
+            hinted = judged(hint)
+            if not isinstance(hinted, CasConflict):
+
+                def remembered_write(conn: sqlite3.Connection) -> bool:
+                    return write(conn, hinted, read=hint)
+
+                if await self._write(remembered_write):
+                    remembered.keep(run_id, hinted.text)
+                    return hinted.doc
 
         read = _text(await self._point_read(lambda c: _select_doc(c, run_id)))
         first = judged(read)
@@ -251,16 +319,20 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
             return write(conn, first, read=read)
 
         if await self._write(optimistic):
+            remembered.keep(run_id, first.text)
             return first.doc
 
-        def locked(conn: sqlite3.Connection) -> RunDocument | CasConflict:
+        def locked(conn: sqlite3.Connection) -> _Judged | CasConflict:
             again = judged(_text(_select_doc(conn, run_id)))
-            if isinstance(again, CasConflict):
-                return again
-            write(conn, again)
-            return again.doc
+            if not isinstance(again, CasConflict):
+                write(conn, again)
+            return again
 
-        return await self._write(locked)
+        done = await self._write(locked)  # may run on the store thread: remembered after it
+        if isinstance(done, CasConflict):
+            return done
+        remembered.keep(run_id, done.text)
+        return done.doc
 
     async def list_runs(self, query: RunQuery) -> RunPage:
         where, args = _where(query)
@@ -291,6 +363,8 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         return {RunStatus(status): int(n) for status, n in rows}
 
     async def delete_run(self, run_id: str) -> bool:
+        self.remembered.forget(run_id)
+
         def delete(conn: sqlite3.Connection) -> bool:
             cur = conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM events WHERE run_id = ?", (run_id,))

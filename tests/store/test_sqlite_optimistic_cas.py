@@ -17,6 +17,7 @@ from store.cas import CasConflict, Eq, Update
 from store.models import RunDocument, RunStatus
 from store.protocols import EventDraft
 from store.sqlite import SqliteRunStore
+from store.sqlite.runs import _Remembered
 from tests.store.conftest import MakeRun
 
 
@@ -124,3 +125,97 @@ async def test_a_cas_whose_row_did_not_move_writes_once_outside_the_lock_judgeme
     landed = await start_if_queued(first, run.run_id)
     assert ran == ["optimistic"] and not isinstance(landed, CasConflict)
     assert (await first.get_run(run.run_id)).status is RunStatus.RUNNING
+
+
+def count_point_reads(store: SqliteRunStore) -> list[int]:
+    """A one-item counter of `store`'s point reads from now on."""
+    original = store._point_read
+    reads = [0]
+
+    async def point_read(fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        reads[0] += 1
+        return await original(fn)
+
+    store._point_read = point_read  # type: ignore[method-assign]
+    return reads
+
+
+async def test_a_cas_after_a_read_of_the_same_run_judges_the_text_read_without_reading_again(
+    stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
+) -> None:
+    """A runner reads a run to admit it, then claims it, then finishes it: the claim and the
+    finish judge the text this store last read or wrote (issue 19, twelfth pass)."""
+    first, _ = stores
+    run = make_run()
+    await first.create_run(run)
+    await first.get_run(run.run_id)
+    reads = count_point_reads(first)
+    ran = race_before_first_write(first, _nothing)
+    claimed = await start_if_queued(first, run.run_id)
+    finished = await first.update_run(
+        run.run_id, [Eq("status", RunStatus.RUNNING)], Update(set={"status": RunStatus.FINISHED})
+    )
+    assert not isinstance(claimed, CasConflict) and not isinstance(finished, CasConflict)
+    assert reads == [0]
+    assert ran == ["remembered_write", "remembered_write"]
+    assert (await first.get_run(run.run_id)).status is RunStatus.FINISHED
+
+
+async def test_a_cas_on_a_remembered_text_that_another_store_changed_conflicts_on_the_new_row(
+    stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
+) -> None:
+    first, second = stores
+    run = make_run()
+    await first.create_run(run)
+    await first.get_run(run.run_id)  # remembered: queued
+    cancelled = await second.update_run(
+        run.run_id,
+        [Eq("status", RunStatus.QUEUED)],
+        Update(set={"status": RunStatus.CANCELLED}),
+        events=[draft("cancel")],
+    )
+    assert not isinstance(cancelled, CasConflict)
+    lost = await start_if_queued(first, run.run_id)
+    assert isinstance(lost, CasConflict)
+    assert lost.current is not None and lost.current.status is RunStatus.CANCELLED
+    assert [e.type for e in await first.read_events(run.run_id)] == ["cancel"]
+
+
+async def test_a_conflict_found_on_a_remembered_text_is_judged_again_on_the_row_as_it_is(
+    stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
+) -> None:
+    """The remembered text says the condition fails; the row, changed by another process,
+    says it holds: the answer is the row's."""
+    first, second = stores
+    run = make_run()
+    await first.create_run(run)
+    await first.get_run(run.run_id)  # remembered: queued
+    started = await start_if_queued(second, run.run_id)
+    assert not isinstance(started, CasConflict)
+    reads = count_point_reads(first)
+    done = await first.update_run(
+        run.run_id, [Eq("status", RunStatus.RUNNING)], Update(set={"status": RunStatus.FINISHED})
+    )
+    assert not isinstance(done, CasConflict) and done.status is RunStatus.FINISHED
+    assert reads == [1]  # the fresh read that overruled the remembered text
+
+
+async def _nothing() -> None:
+    return None
+
+
+def test_the_remembered_texts_are_bounded_and_forget_the_oldest_first() -> None:
+    remembered = _Remembered(size=3)
+    for n in range(5):
+        remembered.keep(f"run-{n}", f"text-{n}")
+    remembered.keep("run-2", "text-2b")  # kept again: now the newest
+    remembered.keep("run-5", "text-5")
+    assert [remembered.take(f"run-{n}") for n in range(6)] == [
+        None,
+        None,
+        "text-2b",
+        None,
+        "text-4",
+        "text-5",
+    ]
+    assert remembered.take("run-4") is None  # taken once
