@@ -92,7 +92,8 @@ class RunnerMetrics:
         self.free_slots = Gauge("runfleet_free_slots", "Free delivery slots", registry=r)
         self.fetched = Histogram(
             "runfleet_fetch_messages",
-            "Messages per pull that delivered any (1s under a trickle mean the gather is short)",
+            "Messages per pull that delivered any; mostly 1s under steady load mean"
+            " RUNFLEET_FETCH_GATHER is short for the rate",
             registry=r,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
         )
