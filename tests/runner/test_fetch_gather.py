@@ -7,17 +7,11 @@ from __future__ import annotations
 import pytest
 
 from runner.runner import gather_wait
-from tests.runner.callables import sample
+from tests.runner.callables import WORKFLOWS, sample
 from tests.runner.conftest import Fleet, eventually
 
-HELLO = """
-name: hello
-entry: a
-nodes:
-  a:
-    kind: compute
-    set: {x: "1 + 1"}
-"""
+HELLO = (WORKFLOWS / "hello.yaml").read_text()
+"""One compute node: the shortest run."""
 
 
 @pytest.mark.parametrize(
