@@ -170,7 +170,7 @@ REMEMBERED = 1024
 
 class _Remembered:
     """The text this store last read or wrote for each of its recent runs, a hint for the next
-    compare-and-set on the same run (issue 19, twelfth pass).
+    compare-and-set on the same run (issue 19, twelfth pass; ADR-0009 amendment 7).
 
     A runner reads a run to admit its delivery, then claims it, then finishes it: three reads of
     the same row, each a SQLite statement and, in another process's turn, a re-read of the pages
