@@ -137,9 +137,7 @@ class RunnerProc:
 
     def cpu_seconds(self) -> float:
         """utime + stime of the process, from /proc/<pid>/stat."""
-        text = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = text.rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return process_cpu_seconds(self.pid)
 
     def written_bytes(self) -> int:
         """Bytes this process sent to storage (`write_bytes` of /proc/<pid>/io): the SQLite
@@ -167,6 +165,22 @@ class RunnerProc:
         with contextlib.suppress(subprocess.TimeoutExpired):
             await asyncio.to_thread(self.proc.wait, within)
         self.kill()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid` (all its threads), from /proc/<pid>/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat's `cpu`
+    line: busy is everything but idle and iowait."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(values[:8])  # guest time is already counted in user
+    idle = values[3] + values[4]
+    return (total - idle) / CLK_TCK, total / CLK_TCK
 
 
 def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

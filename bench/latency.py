@@ -1,10 +1,21 @@
 """Latency of a one-node run: publish → claim and publish → finished, p50 / p95 / p99.
 
-One fleet (R `runfleet runner` processes x S slots, SQLite store) serves three phases:
+One fleet (R `runfleet runner` processes x S slots, SQLite store) serves five phases:
 1. capacity: launch C runs with the runners stopped, start them, time first `run_claimed` →
    last `run_finished` (the drain rate of `bench.throughput`, measured again here);
 2. low load: L runs one at a time (the next is launched once the previous is finished);
-3. 50 % load: runs launched open-loop at half the capacity of phase 1 for D seconds.
+3. e2e capacity: E runs launched by K concurrent launchers while the runners work, timed
+   first publish → last `run_finished`: what the whole machine sustains with this script's
+   launcher on the same cores;
+4. 50 % load: runs launched open-loop at half the capacity of phase 1 for D seconds (issue 19's
+   target row);
+5. 50 % of e2e: the same at half the capacity of phase 3.
+
+Phases 3 to 5 also say where the machine's CPU went: the runners, this script (the launcher:
+building, writing and publishing each run), nats-server, and the machine's busy share. At half
+of the drain capacity the launcher and nats-server ask for CPU the capacity phase did not
+share, so that phase can run the two cores near full; phase 5 is half of what the machine
+sustains with them in the loop.
 
 "publish" is the moment the publisher calls `js.publish` for the run (a hook on `Publisher`);
 "claim" and "finished" are the `at` of the run's `run_claimed` and `run_finished` events,
@@ -21,6 +32,7 @@ import argparse
 import asyncio
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +48,9 @@ from bench.common import (
     launch_many,
     loaded,
     machine,
+    machine_cpu_seconds,
     percentile,
+    process_cpu_seconds,
     run_main,
     table,
 )
@@ -65,6 +79,58 @@ def latencies(
     return claim, done
 
 
+@dataclass(frozen=True)
+class CpuShare:
+    """Where the machine's CPU went during one phase, in CPU seconds."""
+
+    runs: int
+    runners: float
+    launcher: float
+    nats: float
+    busy: float
+    total: float
+
+    def line(self) -> str:
+        per = 1e3 / max(self.runs, 1)
+        return (
+            f"runners {self.runners * per:.2f}, launcher {self.launcher * per:.2f},"
+            f" nats-server {self.nats * per:.2f} ms CPU/run; machine {self.busy_pct:.0f} % busy"
+        )
+
+    @property
+    def busy_pct(self) -> float:
+        return 100 * self.busy / self.total if self.total else float("nan")
+
+
+class CpuMeter:
+    """Reads the CPU of the runners, this process and nats-server, and the machine's, at the
+    start of a phase and again at its end (/proc: Linux only, as the rest of `bench`)."""
+
+    def __init__(self, rnd: Round, nats_pid: int | None) -> None:
+        self.rnd = rnd
+        self.nats_pid = nats_pid
+        self._start = self._read()
+        self._launched: float | None = None
+
+    def launches_done(self) -> None:
+        """The launcher's share ends here: what this process spends afterwards is the script
+        waiting for the runs to finish, not launching."""
+        self._launched = time.process_time()
+
+    def _read(self) -> tuple[float, float, float, float, float]:
+        runners = sum(r.cpu_seconds() for r in self.rnd.runners)
+        nats = process_cpu_seconds(self.nats_pid) if self.nats_pid else 0.0
+        busy, total = machine_cpu_seconds()
+        return runners, time.process_time(), nats, busy, total
+
+    def share(self, runs: int) -> CpuShare:
+        end = self._read()
+        if self._launched is not None:
+            end = (end[0], self._launched, *end[2:])
+        delta = [b - a for a, b in zip(self._start, end, strict=True)]
+        return CpuShare(runs, *delta)
+
+
 async def capacity(rnd: Round, n: int, r: int, s: int) -> float:
     await launch_many(rnd.publisher, loaded(ONE_NODE), n, concurrency=8)
     await rnd.start_runners(r, s)
@@ -86,6 +152,22 @@ async def low_load(rnd: Round, pub: TimedPublisher, n: int) -> list[str]:
                 raise TimeoutError(f"run {doc.run_id} not finished within 30s")
             await asyncio.sleep(0.005)
     return ids
+
+
+async def e2e_capacity(
+    rnd: Round, pub: TimedPublisher, n: int, launchers: int, before: int, meter: CpuMeter
+) -> tuple[float, CpuShare]:
+    """`n` runs launched by `launchers` concurrent launchers while the runners work; the rate
+    first publish → last `run_finished`, and the CPU spent until the last one finished."""
+    ids = await launch_many(pub, loaded(ONE_NODE), n, concurrency=launchers)
+    meter.launches_done()
+    await rnd.wait_finished(before + n, within=max(120.0, n / 20))
+    share = meter.share(n)
+    await rnd.wait_events("run_finished", before + n)
+    finished = rnd.event_times("run_finished")["run_finished"]
+    first = min(pub.published[r] for r in ids)
+    last = max(finished[r] for r in ids)
+    return n / (last - first), share
 
 
 async def open_loop(
@@ -122,16 +204,24 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--capacity-runs", type=int, default=5_000)
     ap.add_argument("--low-runs", type=int, default=300)
+    ap.add_argument("--e2e-runs", type=int, default=3_000, help="runs of the e2e capacity phase")
+    ap.add_argument("--launchers", type=int, default=16, help="its concurrent launchers")
     ap.add_argument("--seconds", type=float, default=20.0, help="duration of the 50%% phase")
     ap.add_argument("--load", type=float, default=0.5, help="fraction of capacity")
     ap.add_argument(
         "--rate", type=float, help="open-loop runs/s instead of --load x capacity (for A/B pairs)"
+    )
+    ap.add_argument(
+        "--drain-only",
+        action="store_true",
+        help="skip phases 3 and 5 (the e2e capacity and half of it): for A/B pairs at --rate",
     )
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     if args.quick:
         args.runners, args.slots = 1, 4
         args.capacity_runs, args.low_runs, args.seconds = 100, 10, 1.0
+        args.e2e_runs, args.launchers = 100, 4
     return args
 
 
@@ -151,18 +241,44 @@ async def main() -> int:
         await asyncio.sleep(1.0)
         low_ids = await low_load(rnd, pub, args.low_runs)
         print(f"  low load: {len(low_ids)} runs one at a time")
-        target = args.rate if args.rate else cap * args.load
-        loaded_ids, achieved = await open_loop(rnd, pub, target, args.seconds)
-        total = args.capacity_runs + len(low_ids) + len(loaded_ids)
-        await rnd.wait_finished(total, within=300)
-        await rnd.wait_events("run_finished", total)
-        print(f"  {args.load:.0%} load: {len(loaded_ids)} runs at {achieved:,.0f}/s")
-        low = latencies(rnd, pub, low_ids)
-        mid = latencies(rnd, pub, loaded_ids)
+        total = args.capacity_runs + len(low_ids)
+        e2e_cap = float("nan")
+        if not args.drain_only:
+            e2e_cap, e2e_cpu = await e2e_capacity(
+                rnd, pub, args.e2e_runs, args.launchers, total, CpuMeter(rnd, bench.server.pid)
+            )
+            total += args.e2e_runs
+            print(f"  e2e capacity ({args.launchers} launchers): {e2e_cap:,.0f} runs/s;")
+            print(f"    {e2e_cpu.line()}")
+            await asyncio.sleep(1.0)
+        loads = [(f"{args.load:.0%} of drain", args.rate or cap * args.load)]
+        if not args.drain_only:
+            loads.append((f"{args.load:.0%} of e2e", e2e_cap * args.load))
+        phases: list[tuple[str, tuple[list[float], list[float]]]] = [
+            ("low (1 at a time)", latencies(rnd, pub, low_ids))
+        ]
+        summary: list[str] = []
+        for name, target in loads:
+            meter = CpuMeter(rnd, bench.server.pid)
+            loaded_ids, achieved = await open_loop(rnd, pub, target, args.seconds)
+            meter.launches_done()
+            total += len(loaded_ids)
+            await rnd.wait_finished(total, within=300)
+            cpu = meter.share(len(loaded_ids))
+            await rnd.wait_events("run_finished", total)
+            print(f"  {name}: {len(loaded_ids)} runs at {achieved:,.0f}/s;")
+            print(f"    {cpu.line()}")
+            claim, done = latencies(rnd, pub, loaded_ids)
+            phases.append((f"{name} ({achieved:,.0f}/s)", (claim, done)))
+            summary.append(
+                f" {name} ({achieved:,.0f}/s) claim p50={percentile(claim, 50):.1f}"
+                f" p99={percentile(claim, 99):.1f} ms, finished p50={percentile(done, 50):.1f}"
+                f" p99={percentile(done, 99):.1f} ms, machine {cpu.busy_pct:.0f} % busy"
+            )
+            await asyncio.sleep(1.0)
         await bench.end_round(rnd)
 
     rows = []
-    phases = (("low (1 at a time)", low), (f"{args.load:.0%} ({achieved:,.0f}/s)", mid))
     for label, (claim, done) in phases:
         for what, values in (("publish → claim", claim), ("publish → finished", done)):
             rows.append(
@@ -176,15 +292,14 @@ async def main() -> int:
                     max(values),
                 )
             )
+    low = phases[0][1]
     print()
     print(table(["load", "latency", "runs", "p50 ms", "p95 ms", "p99 ms", "max ms"], rows))
     print(
-        f"SUMMARY latency: capacity={cap:,.0f} runs/s;"
+        f"SUMMARY latency: capacity={cap:,.0f} runs/s, e2e capacity={e2e_cap:,.0f} runs/s;"
         f" low claim p50={percentile(low[0], 50):.1f} p99={percentile(low[0], 99):.1f} ms,"
         f" finished p50={percentile(low[1], 50):.1f} p99={percentile(low[1], 99):.1f} ms;"
-        f" {args.load:.0%} ({achieved:,.0f}/s) claim p50={percentile(mid[0], 50):.1f}"
-        f" p99={percentile(mid[0], 99):.1f} ms, finished p50={percentile(mid[1], 50):.1f}"
-        f" p99={percentile(mid[1], 99):.1f} ms"
+        + ";".join(summary)
     )
     return 0
 

@@ -74,6 +74,11 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (benchmarks read its CPU from /proc)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
