@@ -367,7 +367,23 @@ class Up:
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"`runfleet up` still running {within}s after SIGINT:\n{self.output()}"
+                f"\n{self.diagnosis()}"
             ) from None
+
+    def diagnosis(self, lines: int = 30) -> str:
+        """What a stop that hangs needs explained: the fleet's processes still alive and the
+        end of each runner's log (a CI run once saw `up` hang after "stopping", with nothing
+        else to go on)."""
+        alive_now = self.leftovers()
+        out = [f"still alive: {alive_now or 'none'}"]
+        for index in range(self.runners):
+            try:
+                tail = self.runner_log(index).splitlines()[-lines:]
+            except FileNotFoundError:
+                tail = ["(no log)"]
+            out.append(f"-- runner-{index}.log, last {len(tail)} lines:")
+            out.extend(tail)
+        return "\n".join(out)
 
     def leftovers(self) -> dict[int, str]:
         """Processes of this fleet still alive: any `up` child seen, or any process of DATA."""
