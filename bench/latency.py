@@ -251,7 +251,9 @@ async def main() -> int:
             print(f"  e2e capacity ({args.launchers} launchers): {e2e_cap:,.0f} runs/s;")
             print(f"    {e2e_cpu.line()}")
             await asyncio.sleep(1.0)
-        loads = [(f"{args.load:.0%} of drain", args.rate or cap * args.load)]
+        loads = [(f"{args.load:.0%} of drain", cap * args.load)]
+        if args.rate:
+            loads = [("fixed rate", args.rate)]
         if not args.drain_only:
             loads.append((f"{args.load:.0%} of e2e", e2e_cap * args.load))
         phases: list[tuple[str, tuple[list[float], list[float]]]] = [

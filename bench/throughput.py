@@ -9,7 +9,9 @@ drain: publish / launch N with nothing consuming, then start the consumers; time
        delivery → last ack (A, from the consumers' clocks) / first `run_claimed` → last
        `run_finished` (B, from the store's events).
 e2e:   consumers up, one producer awaiting each publish / launch; time first publish → last
-       ack / last `run_finished`.
+       ack / last `run_finished`. B also prints p50 / p99 from each launch call to its run's
+       `run_finished`: what `../shared/peer-bench` reports as e2e `lat` (enqueue call →
+       completion), so the two read side by side.
 
 Each mode is measured `--rounds` times (fresh streams and store each round); the table shows
 every round and the medians; B/A is the ratio of the medians. A last in-process pass runs B's
@@ -48,6 +50,7 @@ from bench.common import (
     machine,
     median,
     metric,
+    percentile,
     run_main,
     table,
 )
@@ -69,6 +72,9 @@ class Result:
     """B e2e only: CPU of this process (the one awaited producer) per launch."""
     per_pull: float = float("nan")
     """B only: messages per pull that delivered any (`runfleet_fetch_messages`), all runners."""
+    latency_ms: tuple[float, float] = (float("nan"), float("nan"))
+    """B e2e only: p50 and p99 from the launch call to the run's `run_finished`, the peers'
+    "enqueue call → completion" (their e2e `lat` columns)."""
 
     @property
     def rate(self) -> float:
@@ -275,7 +281,11 @@ async def runfleet_round(
         if profile is not None:
             spies = _start_spies(profile, procs)
         t0, producer0 = time.time(), time.process_time()
-        await launch_many(rnd.publisher, workflow, n, concurrency=1)
+        called: dict[str, float] = {}
+        for _ in range(n):  # one awaited producer, each launch's call time kept
+            at = time.time()
+            doc = await rnd.publisher.launch(workflow, {}, tenant="default")
+            called[doc.run_id] = at
         producer_cpu = time.process_time() - producer0
         await rnd.wait_finished(n, within=max(120.0, n / 20))
         cpu = sum(p.cpu_seconds() for p in procs) - cpu0
@@ -291,9 +301,10 @@ async def runfleet_round(
         done = len(times["run_finished"])
         seconds = max(times["run_finished"].values()) - t0
         kib = written / done / 1024
-        return Result(
-            mode, index, done, seconds, cpu / done * 1e3, kib, producer_cpu / n * 1e3, pulls
-        )
+        waited = [(times["run_finished"][r] - at) * 1e3 for r, at in called.items()]
+        latency = (percentile(waited, 50), percentile(waited, 99))
+        runner_ms, producer_ms = cpu / done * 1e3, producer_cpu / n * 1e3
+        return Result(mode, index, done, seconds, runner_ms, kib, producer_ms, pulls, latency)
     finally:
         for spy in spies:
             spy.send_signal(signal.SIGINT)
@@ -485,7 +496,12 @@ async def main() -> int:
                     f" runner CPU {b.cpu_ms_per_run:.2f} ms/run,"
                     f" runner disk writes {b.kib_per_run:.1f} KiB/run,"
                     f" {b.per_pull:.1f} msgs/pull"
-                    + (f", producer CPU {b.producer_cpu_ms:.2f} ms/launch" if mode == "e2e" else "")
+                    + (
+                        f", producer CPU {b.producer_cpu_ms:.2f} ms/launch,"
+                        f" launch → finished p50 {b.latency_ms[0]:.1f} p99 {b.latency_ms[1]:.1f} ms"
+                        if mode == "e2e"
+                        else ""
+                    )
                 )
         count_text, totals = await counting_pass(bench, args.count_runs, s)
 
@@ -509,9 +525,14 @@ async def main() -> int:
                 kib,
             )
         )
+        waited = ""
+        if mode == "e2e":
+            p50 = median([x.latency_ms[0] for x in results[("B", mode)]])
+            p99 = median([x.latency_ms[1] for x in results[("B", mode)]])
+            waited = f" launch→finished p50={p50:.1f} p99={p99:.1f} ms"
         summary.append(
             f"{mode} A={a_med:,.0f} msgs/s B={b_med:,.0f} runs/s B/A={b_med / a_med:.3f}"
-            f" ({cpu:.1f} runner-CPU ms/run)"
+            f" ({cpu:.1f} runner-CPU ms/run){waited}"
         )
     print()
     print(
