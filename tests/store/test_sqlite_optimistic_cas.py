@@ -61,6 +61,17 @@ async def start_if_queued(store: SqliteRunStore, run_id: str) -> RunDocument | C
     )
 
 
+async def cancel_queued(store: SqliteRunStore, run_id: str, event: str) -> None:
+    """Another writer's move on the row: queued → cancelled, with `event`; it must land."""
+    won = await store.update_run(
+        run_id,
+        [Eq("status", RunStatus.QUEUED)],
+        Update(set={"status": RunStatus.CANCELLED}),
+        events=[draft(event)],
+    )
+    assert not isinstance(won, CasConflict)
+
+
 async def test_a_cas_whose_row_moved_after_its_read_is_judged_again_and_conflicts_on_the_new_row(
     stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
 ) -> None:
@@ -69,13 +80,7 @@ async def test_a_cas_whose_row_moved_after_its_read_is_judged_again_and_conflict
     await first.create_run(run)
 
     async def claim_elsewhere() -> None:
-        won = await second.update_run(
-            run.run_id,
-            [Eq("status", RunStatus.QUEUED)],
-            Update(set={"status": RunStatus.CANCELLED}),
-            events=[draft("run_cancelled")],
-        )
-        assert not isinstance(won, CasConflict)
+        await cancel_queued(second, run.run_id, "run_cancelled")
 
     ran = race_before_first_write(first, claim_elsewhere)
     lost = await start_if_queued(first, run.run_id)
@@ -168,13 +173,7 @@ async def test_a_cas_on_a_remembered_text_that_another_store_changed_conflicts_o
     run = make_run()
     await first.create_run(run)
     await first.get_run(run.run_id)  # remembered: queued
-    cancelled = await second.update_run(
-        run.run_id,
-        [Eq("status", RunStatus.QUEUED)],
-        Update(set={"status": RunStatus.CANCELLED}),
-        events=[draft("cancel")],
-    )
-    assert not isinstance(cancelled, CasConflict)
+    await cancel_queued(second, run.run_id, "cancel")
     lost = await start_if_queued(first, run.run_id)
     assert isinstance(lost, CasConflict)
     assert lost.current is not None and lost.current.status is RunStatus.CANCELLED
