@@ -55,6 +55,7 @@ from bench.common import (
     table,
 )
 from publisher import Publisher
+from runner.heap import freeze_startup_heap
 from store import RunDocument, RunStatus
 
 
@@ -183,18 +184,44 @@ async def open_loop(
         doc = await pub.launch(workflow, {}, tenant="default")
         ids.append(doc.run_id)
 
-    tasks = []
+    pending: set[asyncio.Task[None]] = set()  # finished launches are dropped, not kept
     t0 = time.monotonic()
     for i in range(n):
         delay = t0 + i / rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one()))
-    await asyncio.gather(*tasks)
+        task = asyncio.ensure_future(one())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    while pending:
+        await asyncio.gather(*pending)
     first = min(pub.published[r] for r in ids)
     last = max(pub.published[r] for r in ids)
     achieved = (n - 1) / (last - first) if last > first else float("nan")
     return ids, achieved
+
+
+def dump(
+    path: Path,
+    phase: str,
+    pub: TimedPublisher,
+    ids: list[str],
+    claim: list[float],
+    done: list[float],
+) -> None:
+    """Appends one row per run: phase, seconds since the phase's first publish, the publish's
+    epoch seconds, publish → claim and publish → finished in ms. A tail that clusters in time
+    is a stall (a launcher's garbage collection was one); one spread evenly is queueing."""
+    first = min(pub.published[r] for r in ids)
+    new = not path.exists()
+    with path.open("a", encoding="utf-8") as out:
+        if new:
+            out.write("phase,t_s,published_at,claim_ms,finished_ms\n")
+        for run_id, c, d in sorted(
+            zip(ids, claim, done, strict=True), key=lambda row: pub.published[row[0]]
+        ):
+            at = pub.published[run_id]
+            out.write(f"{phase},{at - first:.4f},{at:.4f},{c:.1f},{d:.1f}\n")
 
 
 def parse() -> argparse.Namespace:
@@ -216,6 +243,17 @@ def parse() -> argparse.Namespace:
         action="store_true",
         help="skip phases 3 and 5 (the e2e capacity and half of it): for A/B pairs at --rate",
     )
+    ap.add_argument(
+        "--dump",
+        type=Path,
+        help="write each loaded run's publish time and latencies here (CSV), to see when the"
+        " tail happened",
+    )
+    ap.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="leave the launcher's start-up heap to the garbage collector (the old launcher)",
+    )
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -236,6 +274,9 @@ async def main() -> int:
             store=rnd.store, nc=bench.nc, js=bench.js, settings=rnd.wire, names=rnd.names
         )
         rnd.publisher = pub
+        if not args.no_freeze:
+            frozen = freeze_startup_heap()
+            print(f"  launcher: {frozen:,} start-up objects frozen out of the gc (ADR-0016)")
         cap = await capacity(rnd, args.capacity_runs, args.runners, args.slots)
         print(f"  capacity (drain): {cap:,.0f} runs/s")
         await asyncio.sleep(1.0)
@@ -271,6 +312,8 @@ async def main() -> int:
             print(f"  {name}: {len(loaded_ids)} runs at {achieved:,.0f}/s;")
             print(f"    {cpu.line()}")
             claim, done = latencies(rnd, pub, loaded_ids)
+            if args.dump:
+                dump(args.dump, name, pub, loaded_ids, claim, done)
             phases.append((f"{name} ({achieved:,.0f}/s)", (claim, done)))
             summary.append(
                 f" {name} ({achieved:,.0f}/s) claim p50={percentile(claim, 50):.1f}"

@@ -11,8 +11,11 @@ most of the p99 (issue 19, docs/performance.md).
 collection walks again; objects made afterwards are collected as before (so a cycle made per
 delivery is still reclaimed). The `gc` documentation gives it for servers that fork after
 loading; here it serves its other effect, that no collection walks those objects again
-(ADR-0016). Called once, from the runner process's entry point (never from the `Runner` class:
-a test or a host process that embeds a runner owns its own heap).
+(ADR-0016). Called once, from the entry point of each long-lived process: `runfleet runner`
+after its runner started, and `runfleet console` and `runfleet up` once their API listens (a
+full collection in the process that serves the API stalls every launch and resume in flight;
+ADR-0016 amendment 1). Never from the `Runner` class or the API's app: a test or a host process
+that embeds them owns its own heap.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import click
 
 from runner.cli.runtime import command
 from runner.console import DEFAULT_HOST, DEFAULT_PORT, serve
+from runner.heap import freeze_startup_heap
 
 
 @click.command("console")
@@ -38,6 +39,9 @@ async def console_cmd(port: int, host: str) -> None:
     def started(url: str) -> None:
         click.echo(f"runfleet API on {url}", err=True)
         click.echo(f"runfleet console on {url}/ui/", err=True)
+        # Every launch or resume in flight would wait out each full collection over the
+        # start-up heap (≈ 60 ms here): frozen once it is built, as a runner's is (ADR-0016).
+        freeze_startup_heap()
 
     serving = asyncio.ensure_future(serve(host, port, started=started))
     stopping: list[bool] = []

@@ -146,6 +146,7 @@ async def _serve_api(port: int, fleet: EmbeddedFleet, urls: list[str]) -> None:
     import aiohttp
 
     from runner.console import serve
+    from runner.heap import freeze_startup_heap
 
     def started(url: str) -> None:
         hint = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (set RUNFLEET_CONSOLE_TOKEN)"
@@ -153,6 +154,7 @@ async def _serve_api(port: int, fleet: EmbeddedFleet, urls: list[str]) -> None:
         ro = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (read-only)"
         urls.append(f"  console on {url}/ui/{ro}")
         click.echo(urls[-1], err=True)
+        freeze_startup_heap()  # the API's launches wait out no full collection (ADR-0016)
 
     async def runner_rows() -> list[RunnerRow]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:

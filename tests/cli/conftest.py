@@ -218,9 +218,10 @@ class Up:
         runners: int = 2,
         extra: dict[str, str] | None = None,
         expect: Sequence[Expectation] = (),
+        command: Sequence[str] = (str(RUNFLEET),),
     ) -> Up:
         """Start `up` and wait until both runners consume; `expect` names what `extra` must
-        set in the settings classes."""
+        set in the settings classes; `command` is what runs the CLI (the installed script)."""
         tmp.mkdir(parents=True, exist_ok=True)
         data = tmp / "data"
         env = fleet_env(data, extra)
@@ -229,7 +230,7 @@ class Up:
         with out_path.open("wb") as out:
             proc = subprocess.Popen(
                 [
-                    *(str(RUNFLEET), "up", "--runners", str(runners), "--slots", "4"),
+                    *(*command, "up", "--runners", str(runners), "--slots", "4"),
                     *("--no-view", "--data", str(data)),
                 ],
                 cwd=ROOT,

@@ -28,6 +28,7 @@ from tests.cli.conftest import (
     processes_of,
     write_workflow,
 )
+from tests.support.frozen_heap import CLI_REPORTING_FROZEN, frozen_at_exit
 
 
 def test_a_launched_run_is_claimed_by_a_runner_and_finishes(fleet: Up) -> None:
@@ -235,3 +236,15 @@ def test_up_serves_the_http_api_and_prints_its_url(fleet: Up) -> None:
         urllib.request.urlopen(f"{base}/api/v1/runs", timeout=10)
     refused.value.close()  # its socket: an unclosed one is a ResourceWarning (an error here)
     assert refused.value.code == 401  # no token, no access (§10c)
+
+
+def test_up_freezes_its_startup_heap_once_the_api_listens(tmp_path: Path) -> None:
+    """ADR-0016: `up` serves the API (launches, resumes) from its own event loop; a full
+    collection over its start-up heap would stall each of them, so it freezes that heap."""
+    up = Up.start(tmp_path, runners=1, command=CLI_REPORTING_FROZEN)
+    try:
+        eventually(lambda: "HTTP API on" in up.output(), within=30, what="the API's URL")
+        assert up.stop(STOP_WITHIN_S) == 0, up.output()
+    finally:
+        up.kill()
+    assert frozen_at_exit(up.output()) > 10_000

@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from tests.runner.conftest import Fleet
+from tests.support.frozen_heap import CLI_REPORTING_FROZEN, frozen_at_exit
 
 CLI = [sys.executable, "-c", "from runner.cli.main import cli; cli()", "console"]
 HELLO = (Path(__file__).resolve().parents[2] / "examples" / "hello.yaml").read_text()
@@ -78,3 +79,23 @@ async def test_a_tokens_file_that_does_not_read_is_a_usage_error(
     assert proc.returncode == 2, err.decode()
     assert "RUNFLEET_API_TOKENS" in err.decode() and "line 1" in err.decode()
     assert "only-a-token" not in err.decode().replace(str(tokens), "")
+
+
+async def test_runfleet_console_freezes_its_startup_heap_once_it_listens(fleet: Fleet) -> None:
+    """ADR-0016: a full collection over the start-up heap would stall every launch in flight;
+    the process that serves the API freezes that heap once it listens."""
+    env = {**os.environ, **fleet.env(), "RUNFLEET_CONSOLE_TOKEN": "s3cret"}
+    env.pop("RUNFLEET_API_TOKENS", None)
+    proc = await asyncio.create_subprocess_exec(
+        *CLI_REPORTING_FROZEN, "console", "--port", "0", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    url = await read_url(proc.stderr)
+    async with aiohttp.ClientSession(url) as http:  # served as before the freeze
+        auth = {"Authorization": "Bearer s3cret"}
+        async with http.post("/api/v1/runs", json={"workflow": HELLO}, headers=auth) as resp:
+            assert resp.status == 201
+    proc.send_signal(signal.SIGTERM)
+    _, rest = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, rest.decode()
+    assert frozen_at_exit(rest.decode()) > 10_000  # modules, pydantic schemas, aiohttp
