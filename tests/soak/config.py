@@ -15,6 +15,10 @@ TENANT = "default"
 
 # Short timings (the runner tests' values): ack_wait = TTL + skew = 3.5 s; the unwind ceiling
 # is 5 + 1 + 10 + 5 + 1 = 22 s. The sweeper passes every second and republishes after 3 s.
+# The transient ladder (SPEC §5.5) doubles from 1 s per delivery; its cap is 8 s, not the
+# default 10 min: a run that spent most of its deliveries on the chaos (store faults, kills, the
+# NATS outage) and then failed `flaky` at delivery 8 was nak'd for 128 s and outlived a CI
+# soak's deadline waiting, correctly, for it (CI on e6f18f7, seed 211765).
 TIMING = {
     "LEASE_TTL": "3s",
     "LEASE_INTERVAL": "1s",
@@ -32,6 +36,7 @@ TIMING = {
     "PUBLISH_RETRY_BUDGET": "2s",
     "PUBLISH_TIMEOUT": "1s",
     "TRANSIENT_DELAY": "1s",
+    "TRANSIENT_DELAY_CAP": "8s",
     "MAX_DELIVER": "10",
 }
 ACK_WAIT_S = 3.5

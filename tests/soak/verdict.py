@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from runner.delivery_log import read_deliveries
 from store import RunDocument, RunStatus, utcnow
 from tests.soak.config import ACK_WAIT_S, SQLITE_BUSY_TIMEOUT_S
 from tests.soak.fleet import Fleet, RunnerProc
@@ -56,9 +57,12 @@ class Verdict(Fleet):
         for run_id in self.launched:
             doc = await self.store.get_run(run_id)
             events = self.events[run_id] = await _events(self.store, run_id)
+            before = len(rep.violations)
             self.judge_run(
                 doc, events, lines.get(run_id, []), completions.get(run_id, []), killed_like
             )
+            if doc.status is not RunStatus.FINISHED and len(rep.violations) > before:
+                rep.violations[-1] += "\n" + await self.history_of(doc, events)
         self.judge_drains()
         records = await self.dlq.list()
         rep.dlq_records = len(records)
@@ -138,14 +142,15 @@ class Verdict(Fleet):
                 RunStatus.RUNNING,
                 RunStatus.FAILED_RESUMABLE,
             )
-            if orphan:
+            waiting = _retry_wait(doc, events)
+            if orphan and waiting is None:
                 rep.lost += 1
             else:
                 rep.stuck += 1
             rep.violations.append(
                 f"run {rid} ended {doc.status} {doc.failure_code or ''} attempt {doc.attempt}"
                 f" lease {doc.lease} publication {doc.publication}: "
-                + ("lost (no owner)" if orphan else "stuck")
+                + (waiting or ("lost (no owner)" if orphan else "stuck"))
             )
         if doc.lease is not None and doc.lease.expires_at > utcnow():
             rep.violations.append(f"run {rid} is {doc.status} and still leased: {doc.lease}")
@@ -195,6 +200,52 @@ class Verdict(Fleet):
                         f"run {rid}: attempt {attempt} spent its delivery budget (DLQ record"
                         f" {record_id}), yet execution {claim.execution} of it was not interrupted"
                     )
+
+    async def history_of(self, doc: RunDocument, events: list[Any]) -> str:
+        """Everything the soak can still read about a run that did not finish, printed with
+        its violation: a loss seen once in CI cannot be run again with the same timing, so the
+        evidence has to come out with the failure. Its events, what each delivery of it became
+        (the delivery log), whether its copy is still on the work stream, and every runner log
+        line that names it or its copy's sequence."""
+        rid = doc.run_id
+        out = [f"history of run {rid} (status {doc.status}, attempt {doc.attempt}):"]
+        for e in events:
+            out.append(f"  event {e.at:%H:%M:%S.%f} a{e.attempt} {e.type} {dict(e.data)}")
+        seqs: set[int] = set()
+        if doc.publication is not None and doc.publication.stream_seq is not None:
+            seqs.add(doc.publication.stream_seq)
+        assert self.js is not None
+        try:
+            for _, d in await read_deliveries(self.js, self.names, rid):
+                seqs.add(d.stream_seq)
+                out.append(
+                    f"  delivery {d.at:%H:%M:%S.%f} seq {d.stream_seq} #{d.num_delivered}"
+                    f" a{d.attempt} {d.action} {d.reason} delay={d.delay} record={d.record_id}"
+                    f" by {d.runner}"
+                )
+        except Exception as exc:  # noqa: BLE001 - evidence only
+            out.append(f"  delivery log not read: {exc!r}")
+        for seq in sorted(seqs):
+            try:
+                await self.js.get_msg(self.names.runs_stream, seq)
+                out.append(f"  copy seq {seq}: still on the work stream")
+            except Exception as exc:  # noqa: BLE001 - evidence only
+                out.append(f"  copy seq {seq}: {type(exc).__name__}")
+        try:
+            info = await self.js.consumer_info(self.names.runs_stream, self.names.consumer)
+            out.append(
+                f"  consumer: pending {info.num_pending} ack_pending {info.num_ack_pending}"
+                f" redelivered {info.num_redelivered} ack_floor {info.ack_floor}"
+            )
+        except Exception as exc:  # noqa: BLE001 - evidence only
+            out.append(f"  consumer info not read: {exc!r}")
+        alternatives = "|".join([re.escape(rid), *(rf"seq[ =]{s}\b" for s in seqs)])
+        named = re.compile(alternatives)
+        for proc in self.history:
+            for line in proc.log().splitlines():
+                if named.search(line):
+                    out.append(f"  {proc.owner or proc.index}: {line[:300]}")
+        return "\n".join(out)
 
     def explain(
         self,
@@ -287,3 +338,22 @@ class Verdict(Fleet):
                         f"drain of {drain.owner}: run {run_id} (attempt {attempt}, at `work`)"
                         " was not handed off"
                     )
+
+
+def _retry_wait(doc: RunDocument, events: list[Any]) -> str | None:
+    """For a run that did not finish: when its last word is a retry the ladder scheduled past
+    the soak's end, what it is waiting for. Such a run is not lost (its copy is nak'd with the
+    delay and comes back), but the soak did not leave it the time; it is counted `stuck`."""
+    if doc.status is not RunStatus.FAILED_RESUMABLE or not events:
+        return None
+    last = events[-1]
+    if last.type != "run_retry_scheduled" or last.attempt != doc.attempt:
+        return None
+    delay = float(last.data.get("delay") or 0.0)
+    due = last.at.timestamp() + delay
+    if due <= time.time():
+        return None  # its delay is over: it should have been delivered again
+    return (
+        f"waiting out a {delay:g} s retry delay (delivery {last.data.get('delivery')},"
+        f" SPEC §5.5 ladder), due {due - time.time():.0f} s after the soak ended"
+    )
