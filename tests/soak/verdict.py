@@ -14,8 +14,9 @@ from collections import defaultdict
 from typing import Any
 
 from runner.delivery_log import read_deliveries
+from runner.operations.retry_wait import RetryWait, retry_wait
 from store import RunDocument, RunStatus, utcnow
-from tests.soak.config import ACK_WAIT_S, SQLITE_BUSY_TIMEOUT_S
+from tests.soak.config import ACK_WAIT_S, SQLITE_BUSY_TIMEOUT_S, TIMING
 from tests.soak.fleet import Fleet, RunnerProc
 from tests.soak.reads import _events, _list
 from tests.soak.report import Report
@@ -58,8 +59,14 @@ class Verdict(Fleet):
             doc = await self.store.get_run(run_id)
             events = self.events[run_id] = await _events(self.store, run_id)
             before = len(rep.violations)
+            waiting = await retry_wait(self.store, doc, int(TIMING["MAX_DELIVER"]))
             self.judge_run(
-                doc, events, lines.get(run_id, []), completions.get(run_id, []), killed_like
+                doc,
+                events,
+                lines.get(run_id, []),
+                completions.get(run_id, []),
+                killed_like,
+                waiting,
             )
             if doc.status is not RunStatus.FINISHED and len(rep.violations) > before:
                 rep.violations[-1] += "\n" + await self.history_of(doc, events)
@@ -97,7 +104,12 @@ class Verdict(Fleet):
         lines: list[tuple[float, str, str]],
         completions: list[tuple[float, str, str]],
         ended: dict[str, RunnerProc],
+        waiting: RetryWait | None = None,
     ) -> None:
+        """`waiting`: the retry the run waits for (`runner.operations.retry_wait`, what
+        `runfleet status` shows). A run whose retry is due after the soak ended is not lost
+        (its copy is nak'd with the delay and comes back), but the soak did not leave it the
+        time: it is counted `stuck`."""
         rep = self.report
         rid = doc.run_id
         claims = {e.execution: e for e in events if e.type == "run_claimed"}
@@ -142,15 +154,19 @@ class Verdict(Fleet):
                 RunStatus.RUNNING,
                 RunStatus.FAILED_RESUMABLE,
             )
-            waiting = _retry_wait(doc, events)
-            if orphan and waiting is None:
+            retry = waiting.describe() if waiting and waiting.seconds_left() > 0 else None
+            if orphan and retry is None:
                 rep.lost += 1
             else:
                 rep.stuck += 1
             rep.violations.append(
                 f"run {rid} ended {doc.status} {doc.failure_code or ''} attempt {doc.attempt}"
                 f" lease {doc.lease} publication {doc.publication}: "
-                + (waiting or ("lost (no owner)" if orphan else "stuck"))
+                + (
+                    f"waiting out its retry delay, {retry} (SPEC §5.5 ladder)"
+                    if retry
+                    else ("lost (no owner)" if orphan else "stuck")
+                )
             )
         if doc.lease is not None and doc.lease.expires_at > utcnow():
             rep.violations.append(f"run {rid} is {doc.status} and still leased: {doc.lease}")
@@ -338,22 +354,3 @@ class Verdict(Fleet):
                         f"drain of {drain.owner}: run {run_id} (attempt {attempt}, at `work`)"
                         " was not handed off"
                     )
-
-
-def _retry_wait(doc: RunDocument, events: list[Any]) -> str | None:
-    """For a run that did not finish: when its last word is a retry the ladder scheduled past
-    the soak's end, what it is waiting for. Such a run is not lost (its copy is nak'd with the
-    delay and comes back), but the soak did not leave it the time; it is counted `stuck`."""
-    if doc.status is not RunStatus.FAILED_RESUMABLE or not events:
-        return None
-    last = events[-1]
-    if last.type != "run_retry_scheduled" or last.attempt != doc.attempt:
-        return None
-    delay = float(last.data.get("delay") or 0.0)
-    due = last.at.timestamp() + delay
-    if due <= time.time():
-        return None  # its delay is over: it should have been delivered again
-    return (
-        f"waiting out a {delay:g} s retry delay (delivery {last.data.get('delivery')},"
-        f" SPEC §5.5 ladder), due {due - time.time():.0f} s after the soak ended"
-    )
