@@ -11,6 +11,12 @@ One fleet (R `runfleet runner` processes x S slots, SQLite store) serves five ph
    target row);
 5. 50 % of e2e: the same at half the capacity of phase 3.
 
+`--rates R1,R2,…` replaces phases 4 and 5 with one open-loop phase per rate, in that order, on
+the same fleet, and ends with the sweep: each rate's p99 and busy share, and the highest rate
+up to which every p99 stayed within `--target-ms` (the knee). One figure at "half load" says
+where one point of that curve falls; the sweep says where the curve bends, and so what a
+capacity figure is worth to a caller who waits (docs/performance.md, sixteenth pass).
+
 Phases 3 to 5 also say where the machine's CPU went: the runners, this script (the launcher:
 building, writing and publishing each run), nats-server, and the machine's busy share. At half
 of the drain capacity the launcher and nats-server ask for CPU the capacity phase did not
@@ -24,6 +30,7 @@ issue 19, a one-node run's `run_claimed` rides with its `finished` write (ADR-00
 is the finish's: the two rows read the same, and "finished" is the figure that means something.
 
     python -m bench.latency [--quick] [--runners R] [--slots S] [--low-runs L] [--seconds D]
+        [--rate R | --rates R1,R2,… [--target-ms T]] [--drain-only]
 """
 
 from __future__ import annotations
@@ -201,6 +208,54 @@ async def open_loop(
     return ids, achieved
 
 
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of runs/s: {text!r}") from None
+    if not rates or any(rate <= 0 for rate in rates):
+        raise argparse.ArgumentTypeError(f"rates must be positive runs/s: {text!r}")
+    return rates
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One open-loop phase of a `--rates` sweep: finished p50 / p99 in ms."""
+
+    asked: float
+    achieved: float
+    p50: float
+    p99: float
+    cpu: CpuShare
+
+
+def knee(points: list[SweepPoint], target_ms: float) -> float:
+    """The highest rate up to which every phase's p99 stayed within `target_ms` (rates in
+    ascending order; a rate past the first miss does not count, however it came out): 0 when
+    the first one missed."""
+    best = 0.0
+    for point in sorted(points, key=lambda p: p.asked):
+        if point.p99 > target_ms:
+            break
+        best = point.achieved
+    return best
+
+
+def sweep_table(points: list[SweepPoint], capacity: float) -> str:
+    rows = [
+        (
+            f"{p.asked:,.0f}",
+            f"{p.achieved:,.0f}",
+            f"{p.achieved / capacity:.0%}",
+            f"{p.cpu.busy_pct:.0f} %",
+            f"{p.p50:.1f}",
+            f"{p.p99:.1f}",
+        )
+        for p in points
+    ]
+    return table(["runs/s asked", "achieved", "of drain", "machine busy", "p50 ms", "p99 ms"], rows)
+
+
 def dump(
     path: Path,
     phase: str,
@@ -237,6 +292,17 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--load", type=float, default=0.5, help="fraction of capacity")
     ap.add_argument(
         "--rate", type=float, help="open-loop runs/s instead of --load x capacity (for A/B pairs)"
+    )
+    ap.add_argument(
+        "--rates",
+        type=_rates,
+        help="comma-separated open-loop runs/s, one phase each, in order, then the sweep's knee",
+    )
+    ap.add_argument(
+        "--target-ms",
+        type=float,
+        default=50.0,
+        help="the p99 the sweep's knee is read against (issue 19: 50 ms)",
     )
     ap.add_argument(
         "--drain-only",
@@ -295,12 +361,15 @@ async def main() -> int:
         loads = [(f"{args.load:.0%} of drain", cap * args.load)]
         if args.rate:
             loads = [("fixed rate", args.rate)]
-        if not args.drain_only:
+        if args.rates:
+            loads = [(f"rate {rate:g}/s", rate) for rate in args.rates]
+        if not args.drain_only and not args.rates:
             loads.append((f"{args.load:.0%} of e2e", e2e_cap * args.load))
         phases: list[tuple[str, tuple[list[float], list[float]]]] = [
             ("low (1 at a time)", latencies(rnd, pub, low_ids))
         ]
         summary: list[str] = []
+        sweep: list[SweepPoint] = []
         for name, target in loads:
             meter = CpuMeter(rnd, bench.server.pid)
             loaded_ids, achieved = await open_loop(rnd, pub, target, args.seconds)
@@ -315,6 +384,9 @@ async def main() -> int:
             if args.dump:
                 dump(args.dump, name, pub, loaded_ids, claim, done)
             phases.append((f"{name} ({achieved:,.0f}/s)", (claim, done)))
+            sweep.append(
+                SweepPoint(target, achieved, percentile(done, 50), percentile(done, 99), cpu)
+            )
             summary.append(
                 f" {name} ({achieved:,.0f}/s) claim p50={percentile(claim, 50):.1f}"
                 f" p99={percentile(claim, 99):.1f} ms, finished p50={percentile(done, 50):.1f}"
@@ -340,6 +412,17 @@ async def main() -> int:
     low = phases[0][1]
     print()
     print(table(["load", "latency", "runs", "p50 ms", "p95 ms", "p99 ms", "max ms"], rows))
+    if args.rates:
+        print()
+        print(sweep_table(sweep, cap))
+        within = knee(sweep, args.target_ms)
+        found = (
+            f"p99 ≤ {args.target_ms:g} ms up to {within:,.0f} runs/s ({within / cap:.0%} of drain)"
+            if within
+            else f"p99 > {args.target_ms:g} ms from the first rate"
+        )
+        print(f"  sweep: {found}")
+        summary.append(f" sweep knee={within:,.0f} runs/s at p99 ≤ {args.target_ms:g} ms")
     print(
         f"SUMMARY latency: capacity={cap:,.0f} runs/s, e2e capacity={e2e_cap:,.0f} runs/s;"
         f" low claim p50={percentile(low[0], 50):.1f} p99={percentile(low[0], 99):.1f} ms,"
