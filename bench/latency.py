@@ -208,7 +208,8 @@ async def open_loop(
     return ids, achieved
 
 
-def _rates(text: str) -> list[float]:
+def parse_rates(text: str) -> list[float]:
+    """`--rates`: comma-separated positive runs/s."""
     try:
         rates = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -290,12 +291,13 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--launchers", type=int, default=16, help="its concurrent launchers")
     ap.add_argument("--seconds", type=float, default=20.0, help="duration of the 50%% phase")
     ap.add_argument("--load", type=float, default=0.5, help="fraction of capacity")
-    ap.add_argument(
+    fixed = ap.add_mutually_exclusive_group()
+    fixed.add_argument(
         "--rate", type=float, help="open-loop runs/s instead of --load x capacity (for A/B pairs)"
     )
-    ap.add_argument(
+    fixed.add_argument(
         "--rates",
-        type=_rates,
+        type=parse_rates,
         help="comma-separated open-loop runs/s, one phase each, in order, then the sweep's knee",
     )
     ap.add_argument(

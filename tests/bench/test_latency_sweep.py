@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.latency import CpuShare, SweepPoint, _rates, knee
+from bench.latency import CpuShare, SweepPoint, knee, parse_rates
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,11 +35,23 @@ def test_knee_counts_a_p99_equal_to_the_target() -> None:
 @pytest.mark.parametrize("text", ["", "a,b", "100,-5", "0"])
 def test_rates_refuses_what_is_not_positive_runs_per_second(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        _rates(text)
+        parse_rates(text)
 
 
 def test_rates_parses_a_comma_list() -> None:
-    assert _rates("200, 400,1e3") == [200.0, 400.0, 1000.0]
+    assert parse_rates("200, 400,1e3") == [200.0, 400.0, 1000.0]
+
+
+def test_rate_and_rates_are_one_or_the_other() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.latency", "--rate", "100", "--rates", "100,200"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr, proc.stderr
 
 
 def test_sweep_runs_quick_and_names_its_knee() -> None:
