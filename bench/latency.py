@@ -61,6 +61,7 @@ from bench.common import (
     run_main,
     table,
 )
+from bench.pacing import open_loop as paced
 from publisher import Publisher
 from runner.heap import freeze_startup_heap
 from store import RunDocument, RunStatus
@@ -181,27 +182,16 @@ async def e2e_capacity(
 async def open_loop(
     rnd: Round, pub: TimedPublisher, rate: float, seconds: float
 ) -> tuple[list[str], float]:
-    """Launch at `rate` runs/s for `seconds` (each launch its own task, so a slow launch does
-    not delay the schedule); returns the ids and the rate achieved."""
+    """Launch at `rate` runs/s for `seconds` (`bench.pacing`: each launch its own task, so a
+    slow launch does not delay the schedule); returns the ids and the rate achieved."""
     workflow = loaded(ONE_NODE)
-    n = max(int(rate * seconds), 1)
     ids: list[str] = []
 
     async def one() -> None:
         doc = await pub.launch(workflow, {}, tenant="default")
         ids.append(doc.run_id)
 
-    pending: set[asyncio.Task[None]] = set()  # finished launches are dropped, not kept
-    t0 = time.monotonic()
-    for i in range(n):
-        delay = t0 + i / rate - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.ensure_future(one())
-        pending.add(task)
-        task.add_done_callback(pending.discard)
-    while pending:
-        await asyncio.gather(*pending)
+    n = await paced(rate, seconds, one)
     first = min(pub.published[r] for r in ids)
     last = max(pub.published[r] for r in ids)
     achieved = (n - 1) / (last - first) if last > first else float("nan")

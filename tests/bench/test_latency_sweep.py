@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from bench.latency import CpuShare, SweepPoint, knee, parse_rates
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.script import run_bench
 
 
 def point(asked: float, p99: float) -> SweepPoint:
@@ -43,30 +39,14 @@ def test_rates_parses_a_comma_list() -> None:
 
 
 def test_rate_and_rates_are_one_or_the_other() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.latency", "--rate", "100", "--rates", "100,200"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr, proc.stderr
+    run = run_bench("latency", "--rate", "100", "--rates", "100,200", timeout=60)
+    assert run.returncode == 2 and "not allowed with argument" in run.stderr, run.output
 
 
 def test_sweep_runs_quick_and_names_its_knee() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.latency", "--quick", "--drain-only", "--rates", "20,40"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    assert proc.returncode == 0, output
-    assert "rate 20/s" in proc.stdout and "rate 40/s" in proc.stdout, output
-    assert "| runs/s asked |" in proc.stdout, output
-    assert "  sweep: p99" in proc.stdout, output
-    summary = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
-    assert len(summary) == 1 and "sweep knee=" in summary[0], output
+    run = run_bench("latency", "--quick", "--drain-only", "--rates", "20,40")
+    assert run.returncode == 0, run.output
+    assert "rate 20/s" in run.stdout and "rate 40/s" in run.stdout, run.output
+    assert "| runs/s asked |" in run.stdout, run.output
+    assert "  sweep: p99" in run.stdout, run.output
+    assert len(run.summaries) == 1 and "sweep knee=" in run.summaries[0], run.output

@@ -6,7 +6,7 @@ so their latency is read at whatever rate that producer reaches. `bench.latency 
 PgQueuer and Procrastinate, reusing each peer bench's worker processes unchanged (2 workers,
 PgQueuer batch 10, Procrastinate concurrency 16, as in `run_all.sh`): each enqueue is its own
 task at its scheduled time (a pool of 8 connections), so a slow enqueue does not delay the
-schedule, as in `bench.latency`'s `open_loop`.
+schedule: the same `bench.pacing.open_loop` that `bench.latency` launches on.
 
     cd <peer-bench copy> && ./pg.sh start
     <copy>/venv/bin/python peer_open_loop.py --peer-dir <copy> --peer pgqueuer --rate 700
@@ -27,6 +27,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo: `bench.pacing`
+from bench.pacing import open_loop  # noqa: E402  (dependency-free: runs in the peers' venv)
+
 
 def busy_total() -> tuple[float, float]:
     with open("/proc/stat") as f:
@@ -35,26 +38,17 @@ def busy_total() -> tuple[float, float]:
     return sum(vals) - idle, sum(vals)
 
 
-async def open_loop(rate: float, seconds: float, enqueue: Any) -> tuple[dict[str, float], float]:
-    n = max(int(rate * seconds), 1)
+async def enqueue_open_loop(rate: float, seconds: float, enqueue: Any) -> tuple[dict[str, float], float]:
+    """`bench.pacing.open_loop` (the schedule `bench.latency` launches on) over the peer's
+    enqueue; returns each job's enqueue-call time and the rate achieved."""
     at: dict[str, float] = {}
-    pending: set[asyncio.Task[None]] = set()
 
     async def one() -> None:
         t = time.time()
         jid = await enqueue()
         at[str(jid)] = t
 
-    t0 = time.monotonic()
-    for i in range(n):
-        delay = t0 + i / rate - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.ensure_future(one())
-        pending.add(task)
-        task.add_done_callback(pending.discard)
-    while pending:
-        await asyncio.gather(*pending)
+    n = await open_loop(rate, seconds, one)
     first, last = min(at.values()), max(at.values())
     return at, (n - 1) / (last - first) if last > first else float("nan")
 
@@ -125,7 +119,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         cpu0 = sum(w.cpu() for w in workers)
         b0, t0 = busy_total()
         proc0 = time.process_time()
-        at, achieved = await open_loop(args.rate, args.seconds, enqueue)
+        at, achieved = await enqueue_open_loop(args.rate, args.seconds, enqueue)
         producer = time.process_time() - proc0
         await pb.wait_done(watch, len(at), workers, within=300)
         b1, t1 = busy_total()
