@@ -110,6 +110,12 @@ class SqliteWorker:
         self._in_flight.add(op.future)
         op.future.add_done_callback(self._in_flight.discard)
         self._queue.put(op)
+        if self._closed:
+            # `close()` ran between the check above and the put: only possible from another
+            # thread's loop. The store thread may have drained the queue and ended before the
+            # put; once it has ended, what is left fails here, so no caller waits forever.
+            self._thread.join()
+            self._drain_after_stop()
         return op.future
 
     @property

@@ -32,7 +32,7 @@ from store.cas import (
     narrow_write,
 )
 from store.codec import decode, encode
-from store.errors import RunAlreadyExists, RunNotFound
+from store.errors import RunAlreadyExists, RunfleetError, RunNotFound
 from store.models import RunDocument, RunStatus
 from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery
 from store.sqlite.events import SqliteEvents, append_drafts
@@ -254,8 +254,8 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         share one file and one write lock: the Python work of a write (decode, validate,
         encode: most of its CPU) held that lock while it ran, and the other process waited.
         A row that changed between the read and the write is judged again under the lock,
-        where nothing can move it: a write is tried at most twice, and always lands or
-        conflicts."""
+        where nothing can move it: a write is tried at most twice after its read (three
+        times when a remembered text went first, amendment 7), and always lands or conflicts."""
         check_update(conditions, update)
         narrow = narrow_write(conditions, update)
         if narrow is not None and not events:
@@ -299,9 +299,15 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         hint = remembered.take(run_id)
         if hint is not None:
             # Judged on the text this store last saw; written only if the row still holds it.
-            # A conflict, or a row that moved, goes on to a fresh read below.
-            hinted = judged(hint)
-            if not isinstance(hinted, CasConflict):
+            # A conflict, a refusal (the update cannot apply to that text: a parent that was
+            # null then), or a row that moved goes on to a fresh read below: the answer is
+            # always the row's as it is.
+            hinted: _Judged | CasConflict | None
+            try:
+                hinted = judged(hint)
+            except RunfleetError:
+                hinted = None
+            if isinstance(hinted, _Judged):
 
                 def remembered_write(conn: sqlite3.Connection) -> bool:
                     return write(conn, hinted, read=hint)

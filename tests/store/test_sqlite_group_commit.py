@@ -175,3 +175,50 @@ async def test_an_operation_raising_systemexit_fails_its_batch_and_the_store_kee
     assert (await sqlite_store.get_run(run.run_id)).run_id == run.run_id
     other = await sqlite_store.create_run(make_run())
     assert (await sqlite_store.get_run(other.run_id)).run_id == other.run_id
+
+
+class _PausingInFlight(set[asyncio.Future[object]]):
+    """The worker's in-flight set, pausing a submit from the thread named `other` between its
+    closed check and its queue put (`add` runs between the two), until `resume` is set."""
+
+    def __init__(self, paused: threading.Event, resume: threading.Event) -> None:
+        super().__init__()
+        self.paused, self.resume = paused, resume
+
+    def add(self, item: asyncio.Future[object]) -> None:
+        if threading.current_thread().name == "other":
+            self.paused.set()
+            self.resume.wait()
+        super().add(item)
+
+
+async def test_a_submit_from_another_thread_that_races_close_fails_typed_instead_of_waiting(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a second thread's read passed the closed check, then `close()` drained
+    the queue and the store thread ended before the read was queued. Nobody served it, and its
+    caller waited forever. It must hear the typed "closed" error instead."""
+    store = await SqliteRunStore.open(tmp_path / "runs.db")
+    worker = store._worker
+    paused, resume = threading.Event(), threading.Event()
+    worker._in_flight = _PausingInFlight(paused, resume)
+    outcome: list[object] = []
+
+    def other() -> None:
+        async def read() -> None:
+            try:
+                await asyncio.wait_for(worker.read(lambda c: c.execute("SELECT 1").fetchone()), 5)
+                outcome.append("answered")
+            except (StoreError, TimeoutError) as exc:
+                outcome.append(exc)
+
+        asyncio.run(read())
+
+    thread = threading.Thread(target=other, name="other")
+    thread.start()
+    await asyncio.to_thread(paused.wait)
+    await store.close()  # the store thread drains what is queued and ends
+    resume.set()
+    await asyncio.to_thread(thread.join)
+    assert len(outcome) == 1 and isinstance(outcome[0], StoreError), outcome
+    assert "closed" in str(outcome[0])

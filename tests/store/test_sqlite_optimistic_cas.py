@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from store.cas import CasConflict, Eq, Update
+from store.errors import UnwritablePath
 from store.models import RunDocument, RunStatus
 from store.protocols import EventDraft
 from store.sqlite import SqliteRunStore
@@ -197,6 +198,44 @@ async def test_a_conflict_found_on_a_remembered_text_is_judged_again_on_the_row_
     )
     assert not isinstance(done, CasConflict) and done.status is RunStatus.FINISHED
     assert reads == [1]  # the fresh read that overruled the remembered text
+
+
+async def test_an_update_the_remembered_text_refuses_is_judged_again_on_the_row_as_it_is(
+    stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
+) -> None:
+    """The remembered text has no `scratch`, so `scratch.forsaken` cannot be set on it; another
+    process has since written one. The row as it is accepts the update, so it lands: a refusal
+    judged on a stale text is no more an answer than a conflict judged on one (found by review)."""
+    first, second = stores
+    run = make_run()
+    await first.create_run(run)
+    await first.get_run(run.run_id)  # remembered: scratch is null
+    banked = {"state": "banked", "key": "k", "bytes": 1, "progress": 1}
+    won = await second.update_run(
+        run.run_id, [Eq("status", RunStatus.QUEUED)], Update(set={"scratch": banked})
+    )
+    assert not isinstance(won, CasConflict)
+    done = await first.update_run(
+        run.run_id, [Eq("status", RunStatus.QUEUED)], Update(set={"scratch.forsaken": True})
+    )
+    assert not isinstance(done, CasConflict)
+    assert done.scratch is not None and done.scratch.forsaken and done.scratch.key == "k"
+    assert (await second.get_run(run.run_id)).scratch.forsaken  # type: ignore[union-attr]
+
+
+async def test_an_update_the_row_itself_refuses_still_raises_after_a_remembered_text(
+    stores: tuple[SqliteRunStore, SqliteRunStore], make_run: MakeRun
+) -> None:
+    """The fallback is a fresh judgement, not a swallowed error: when the row as it is refuses
+    the update too, the caller hears the typed refusal."""
+    first, _ = stores
+    run = make_run()
+    await first.create_run(run)
+    await first.get_run(run.run_id)  # remembered: scratch is null, and so is the row
+    with pytest.raises(UnwritablePath):
+        await first.update_run(
+            run.run_id, [Eq("status", RunStatus.QUEUED)], Update(set={"scratch.forsaken": True})
+        )
 
 
 async def _nothing() -> None:
