@@ -272,6 +272,12 @@ async def _handoff(
         # RUNNER_INTERRUPTED is written and auto-resumable: once the lease expires, the
         # redelivery's auto-retry claim takes the run (it spends one delivery, no more).
         log.warning("run %s: handoff CAS failed (%r); nak", run_id, exc)
+        if writer.cancel.lease_spent():
+            # The keeper stopped at `on_release`, so nobody judged the lease while the CAS
+            # failed: past its loss margin an adopter may hold the run and this delivery's
+            # sequence. Fenced, as `dispose_outcome`'s refused release is (SPEC §5.4; found by
+            # review, replayed by the protocol model).
+            return Plan("none", reason="lease_lost")
         delay = await _nak_quietly(delivery, svc, "store_unreachable")
         return Plan("nak", delay, reason="store_unreachable")
     if isinstance(result, CasConflict):
@@ -280,7 +286,11 @@ async def _handoff(
             # Not an operator: the lease itself is gone, and the delivery is the adopter's.
             execution.cancel.cancel(CancelReason.LEASE_LOST)
             return Plan("none", reason="lease_lost")
-        await writer.release()  # an operator acted in between: a plain release
+        # An operator acted in between: a plain release, then the ack. A release that finds
+        # the lease gone means it was taken over meanwhile: no disposition (SPEC §5.4).
+        if await writer.release() is None:
+            execution.cancel.cancel(CancelReason.LEASE_LOST)
+            return Plan("none", reason="lease_lost")
         await delivery.ack_sync()
         return Plan("ack", reason="handoff_superseded")
     await publish_handoff(svc, result)

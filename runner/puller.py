@@ -129,5 +129,12 @@ class Puller:
 
 
 def _status(msg: Msg) -> str | None:
+    """The server's status, or None for a delivery. A delivery always carries its ack subject
+    as its reply and a status never does; the header alone cannot tell them apart, because a
+    published message may carry a header of its own named `Status`. Read from the header alone,
+    such a run message was dropped as a stray status on every delivery, never acked, nak'd or
+    recorded (found by review)."""
+    if msg.reply:
+        return None
     headers = msg.headers
     return headers.get(STATUS) if headers else None

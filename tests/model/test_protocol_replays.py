@@ -108,6 +108,32 @@ def test_an_execution_whose_status_the_store_refused_sends_no_disposition_after_
     _replay(STORE_REFUSED_THEN_TAKEN_OVER, scenario)
 
 
+def test_a_drained_execution_whose_handoff_cas_failed_sends_no_disposition_past_its_margin() -> (
+    None
+):
+    """Found by review (issue 19, seventeenth pass), the drain's sibling of the two findings
+    around it: the handoff stops the lease keeper before its CAS, so when the store refuses that
+    CAS after the execution stalled past its lease, nobody has declared the loss. `_handoff`
+    sent its nak anyway, on the stream sequence an adopter now works on (SPEC §5.4). Fixed in
+    `runner/disposition.py` `_handoff`: past the loss margin (`CancelSignal.lease_spent`) the
+    delivery ends with no disposition."""
+
+    def scenario(m: ProtocolModel) -> None:
+        m.fetch(0, 0, False)
+        drained = _actor(m, "runner0.0:deliver s1#1")
+        _until(m, drained, "append_event node_started")  # claimed (fresh), about to run `a`
+        m.drain(0)
+        _until(m, drained, "update_run attempt=2")  # RUNNER_INTERRUPTED written; handoff next
+        m.arm_fault("handoff", 1, False)  # the store will refuse the handoff CAS
+        m.advance(ACK_WAIT + 1, False)  # the draining runner stalls past its lease
+        m.fetch(1, 0, False)  # the redelivery: auto-retry claim of the same attempt
+        adopter = _actor(m, "runner1.0:deliver s1#2")
+        _until(m, adopter, "append_event run_claimed")
+        _finish(m, drained)  # handoff CAS refused -> (was) nak on the adopter's sequence
+
+    _replay(STORE_REFUSED_THEN_TAKEN_OVER, scenario)
+
+
 def test_an_execution_whose_release_the_store_refused_sends_no_disposition_past_its_margin() -> (
     None
 ):

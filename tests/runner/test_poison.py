@@ -2,7 +2,8 @@
 subject, a runner records it in the DLQ with the reason admission found — `malformed` (bytes that
 are not JSON, JSON that is not a v1 message), `run_not_found` (an old message for no run),
 `tenant_mismatch` (a message naming another tenant's run) — acks it, and keeps serving: good runs
-launched meanwhile finish, and the process neither crashes nor turns unhealthy."""
+launched meanwhile finish, and the process neither crashes nor turns unhealthy. Some carry
+headers that imitate a server status: they are deliveries all the same."""
 
 from __future__ import annotations
 
@@ -50,12 +51,18 @@ def wrong_schema(i: int) -> bytes:
     return json.dumps(variants[i % len(variants)]).encode()
 
 
+def imitation(i: int) -> dict[str, str] | None:
+    """Headers of a published message that imitate a server status (the puller once took such
+    a delivery for a status and dropped it), on two thirds of the bytes that are not JSON."""
+    return [{"Status": "404", "Description": "No Messages"}, {"Status": "100"}, None][i % 3]
+
+
 def garbage(victim: str, rng: random.Random) -> list[tuple[str, bytes, dict[str, str] | None]]:
     """(expected reason, body, headers) for 4 x 250 messages, shuffled."""
     out: list[tuple[str, bytes, dict[str, str] | None]] = []
     for i in range(GARBAGE_PER_KIND):
         # 0xff never starts valid UTF-8, so these are never JSON.
-        out.append(("malformed", b"\xff" + rng.randbytes(rng.randrange(0, 300)), None))
+        out.append(("malformed", b"\xff" + rng.randbytes(rng.randrange(0, 300)), imitation(i)))
         out.append(("malformed", wrong_schema(i), None))
         lost = RunMessage(
             run_id=str(uuid.uuid4()),

@@ -129,6 +129,22 @@ async def test_a_message_that_arrives_between_pulls_is_returned_by_the_next_one(
     await puller.unsubscribe()
 
 
+async def test_a_delivery_whose_own_headers_imitate_a_status_is_handed_over(
+    queue: Queue,
+) -> None:
+    """Anyone may publish a header named `Status`: the message is still a delivery (it carries
+    its ack subject), never a status to skip. Dropped, it would come back after every
+    `ack_wait` and be dropped again, never acked, nak'd or recorded."""
+    for headers in ({"Status": "404", "Description": "No Messages"}, {"Status": "408"}):
+        await queue.js.publish(queue.subject, b"imitation", headers=headers)
+    await queue.js.publish(queue.subject, b"plain")
+    puller = await queue.puller().subscribe()
+    msgs = await asyncio.wait_for(puller.fetch(16, LONG), 10)
+    assert [m.data for m in msgs] == [b"imitation", b"imitation", b"plain"]
+    assert all(m.reply.startswith("$JS.ACK.") for m in msgs)
+    await puller.unsubscribe()
+
+
 async def test_a_pull_jetstream_refuses_raises_a_typed_error(queue: Queue) -> None:
     puller = Puller(queue.nc, queue.stream, "no_such_consumer")
     with pytest.raises(PullRefused) as info:
