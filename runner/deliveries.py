@@ -21,6 +21,8 @@ class Delivery:
     """Set once decoded, so a last-resort DLQ record still names its run."""
     leased: bool = field(default=False)
     """Set once a claim won: an unexpected error after that never writes a DLQ record."""
+    settling: bool = field(default=False)
+    """Set as an ack or nak is sent: no working ack may follow it (`in_progress`)."""
 
     @classmethod
     def from_msg(cls, msg: Msg, max_deliver: int) -> Delivery:
@@ -45,6 +47,7 @@ class Delivery:
     async def ack(self) -> None:
         """Acks on a last delivery are confirmed (`ack_sync`): a lost one would leave the
         message to the MAX_DELIVERIES advisory after the run was already settled."""
+        self.settling = True
         if self.info.is_last:
             await self.msg.ack_sync()
         else:
@@ -52,12 +55,20 @@ class Delivery:
         self.disposed = "ack"
 
     async def ack_sync(self) -> None:
+        self.settling = True
         await self.msg.ack_sync()
         self.disposed = "ack"
 
     async def nak(self, delay: float) -> None:
+        self.settling = True
         await self.msg.nak(delay=delay)
         self.disposed = "nak"
 
     async def in_progress(self) -> None:
+        """A working ack, unless an ack or nak has been sent. The lease keeper's last beat can
+        land after the disposition (its refresh was in flight when the release was written),
+        and JetStream takes a working ack after a nak as "still working": the redelivery then
+        comes after `ack_wait` instead of the nak's delay (found by review)."""
+        if self.settling:
+            return
         await self.msg.in_progress()
