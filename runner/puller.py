@@ -70,6 +70,16 @@ class Puller:
             sub, self._sub = self._sub, None
             await sub.unsubscribe()
 
+    async def nak_strays(self, delay: float) -> int:
+        """Nak the deliveries that reached this puller and were never handed over (those of a
+        request given up just before the fetch loop stopped), so they are redelivered after
+        `delay` rather than after `ack_wait`; the count. Called once the puller is
+        unsubscribed, when nothing more can arrive."""
+        strays = self._take_stray(len(self._arrived))
+        for msg in strays:
+            await msg.nak(delay=delay)
+        return len(strays)
+
     async def _on_msg(self, msg: Msg) -> None:
         self._arrived.append(msg)
         self._wake.set()

@@ -219,6 +219,9 @@ class Runner:
         for psub in subs:
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()
+            if isinstance(psub, Puller):
+                with contextlib.suppress(Exception):  # not nak'd: redelivered after ack_wait
+                    await psub.nak_strays(self.settings.drain_nak_delay.total_seconds())
 
     # -- loops -------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ arrives (not when the pull expires), a backlog in batches, and nothing is ever d
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -143,6 +144,33 @@ async def test_a_delivery_whose_own_headers_imitate_a_status_is_handed_over(
     assert [m.data for m in msgs] == [b"imitation", b"imitation", b"plain"]
     assert all(m.reply.startswith("$JS.ACK.") for m in msgs)
     await puller.unsubscribe()
+
+
+async def test_deliveries_of_a_given_up_request_left_at_unsubscribe_are_nakd_not_left(
+    queue: Queue,
+) -> None:
+    """A delivery that answers a request given up just before the fetch loop stopped is never
+    handed over. Nak'd at unsubscribe, it is redelivered at once; left alone, only after the
+    consumer's `ack_wait` (30 s here)."""
+    puller = await queue.puller().subscribe()
+    ask = json.dumps({"batch": 1, "expires": int(LONG * 1e9)}).encode()
+    subject = f"$JS.API.CONSUMER.MSG.NEXT.{queue.stream}.{queue.consumer}"
+    await queue.nc.publish(subject, ask, reply=f"{puller.inbox}.99")  # a request given up
+    await queue.js.publish(queue.subject, b"stray delivery")
+    await eventually(lambda: _arrived(puller), within=10)
+    await puller.unsubscribe()
+    assert await puller.nak_strays(0.0) == 1
+    again = queue.puller()
+    msgs = await asyncio.wait_for(again.fetch(1, 5.0), 10)
+    assert [m.data for m in msgs] == [b"stray delivery"]
+    assert msgs[0].metadata.num_delivered == 2
+    await again.unsubscribe()
+
+
+async def _arrived(puller: Puller) -> bool:
+    """The delivery reached the puller's callback (the server marking it pending is not
+    enough: a message still in nats-py's queue at unsubscribe is dropped by the client)."""
+    return bool(puller._arrived)
 
 
 async def test_a_pull_jetstream_refuses_raises_a_typed_error(queue: Queue) -> None:
