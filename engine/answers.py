@@ -22,6 +22,8 @@ from typing import Any
 
 from engine.errors import AnswersInvalid, AnswersRequired
 from engine.workflow import Question, value_fits
+from store.blobkeys import validate_segment
+from store.errors import BlobKeyInvalid
 
 _TRUE = frozenset({"true", "yes", "1"})
 _FALSE = frozenset({"false", "no", "0"})
@@ -147,6 +149,12 @@ def _uploaded(q: Question, value: Mapping[str, Any]) -> dict[str, Any]:
         raise AnswersInvalid(
             q.name, f"expected an upload {{upload, filename, bytes, sha256}}, got {dict(value)!r}"
         )
+    try:
+        # The file lands as `<attachments>/<field>/<filename>` on the runner: one path
+        # segment, never `..` or `/` (found by review: `../../x` wrote outside the directory).
+        validate_segment(filename, what="file name")
+    except BlobKeyInvalid as exc:
+        raise AnswersInvalid(q.name, exc.message) from exc
     return {"upload": upload, "filename": filename, "bytes": size, "sha256": digest}
 
 

@@ -51,8 +51,9 @@ from engine.failures import FailureCode
 from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import SandboxCapabilities, SandboxDriver, SeedDir
 from store import BlobStore, RunDocument
+from store.blobkeys import validate_segment
 from store.checked import fetch_checked
-from store.errors import StoreError
+from store.errors import BlobKeyInvalid, StoreError
 from store.models import StagedFile
 
 __all__ = [
@@ -188,6 +189,13 @@ async def materialise(blobs: BlobStore | None, run: RunDocument, dest: Path) -> 
     await asyncio.to_thread(remove_dir, dest)
     total = 0
     for attachment in run.attachments:
+        try:  # a stored name is checked again here: this is where it becomes a host path
+            validate_segment(attachment.name, what="attachment name")
+            validate_segment(attachment.filename, what="file name")
+        except BlobKeyInvalid as exc:  # deterministic: retrying would not change the name
+            raise AttachmentsUndeliverable(
+                f"attachment {attachment.name!r}: {exc.message}"
+            ) from exc
         target = dest / attachment.name / attachment.filename
         await asyncio.to_thread(target.parent.mkdir, parents=True, exist_ok=True)
         try:

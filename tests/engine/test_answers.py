@@ -145,3 +145,27 @@ def test_file_answer_must_exist(tmp_path: Path) -> None:
         coerce_answers(questions, {"report": "@"}, from_cli=True, base_dir=tmp_path)
     with pytest.raises(AnswersInvalid):
         coerce_answers(questions, {"report": 7}, from_cli=False, base_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "filename", ["../../escaped.txt", "..", ".", "a/b.txt", "/etc/passwd", "a\\b.txt", "x\x00y"]
+)
+def test_an_uploaded_file_answer_whose_filename_is_not_one_path_segment_is_refused(
+    filename: str,
+) -> None:
+    """Found by review: the file lands as `<attachments>/<field>/<filename>` on the runner
+    host, and `../../x` wrote outside the directory."""
+    questions = [Question(name="doc", type="file")]
+    answer = {"upload": "a" * 32, "filename": filename, "bytes": 3, "sha256": "0" * 64}
+    with pytest.raises(AnswersInvalid) as info:
+        coerce_answers(questions, {"doc": answer}, from_cli=False, base_dir=None)
+    assert info.value.field == "doc"
+    assert "one non-empty path segment" in str(info.value)
+
+
+def test_an_uploaded_file_answer_with_a_plain_filename_is_kept() -> None:
+    questions = [Question(name="doc", type="file")]
+    answer = {"upload": "a" * 32, "filename": "report v2.txt", "bytes": 3, "sha256": "0" * 64}
+    assert coerce_answers(questions, {"doc": answer}, from_cli=False, base_dir=None) == {
+        "doc": answer
+    }

@@ -269,6 +269,31 @@ async def test_a_fetched_attachment_whose_bytes_differ_is_unfetchable_never_hand
     assert not execution.attached.dest.exists()
 
 
+async def test_a_stored_attachment_whose_filename_leaves_its_directory_is_never_written(
+    store: RunStore, tmp_path: Path
+) -> None:
+    """Found by review: a file answer's filename `../../x` reached the run's attachments and
+    `materialise` wrote the bytes outside its directory. Answers refuse such a name now; a
+    document that holds one anyway is refused here too, deterministically."""
+    blobs = FilesystemBlobStore(tmp_path / "blobs")
+    data = b"bytes"
+    await blobs.put_bytes("runs/r1/attachments/doc", data)
+    held = StagedFile(
+        name="doc",
+        filename="../../escaped.txt",
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        key="runs/r1/attachments/doc",
+    )
+    claimed, _ = await claim_new(store, _load(tmp_path, READER))
+    run = claimed.model_copy(update={"attachments": [held]})
+    dest = tmp_path / "exec" / "attachments"
+    with pytest.raises(attachments.AttachmentsUndeliverable, match="one non-empty path segment"):
+        await attachments.materialise(blobs, run, dest)
+    assert not (tmp_path / "exec" / "escaped.txt").exists()
+    assert not (tmp_path / "escaped.txt").exists()
+
+
 def test_template_scope_gives_the_sandbox_path_each_delivery_opens(tmp_path: Path) -> None:
     held = StagedFile(name="spec", filename="a.pdf", bytes=1, sha256="0" * 64, key="k")
     run = RunDocument.model_validate(
