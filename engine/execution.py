@@ -303,6 +303,12 @@ class Execution(RunStops, NodeRuns):
             await self.writer.write_checkpoint(cp)
             return nxt
         cp.restart_node = nxt
+        if nxt is not None and isinstance(self.workflow.nodes.get(nxt), HumanNode):
+            # Arriving at a question (a loop's next round): the answers an earlier round left
+            # as its output do not answer this one. Were they kept, a stop before it is asked
+            # (budget, cancel, drain, crash) would resume into "answered" and pass the gate
+            # with no person involved (found by review).
+            cp.outputs.pop(nxt, None)
         if nxt is None and self.events.rides and self.teardown_is_empty():
             # The last boundary of a fleet run with nothing to tear down: the outcome's status
             # write follows at once and carries this checkpoint (`FencedWriter.defer_checkpoint`).

@@ -70,6 +70,16 @@ class WorkflowSourceChanged(Refusal, code="workflow_source_changed"):
         super().__init__(f"run {run_id}: the given workflow file differs from the run's source")
 
 
+class SourceLacksRestartNode(Refusal, code="source_lacks_restart_node"):
+    """A forced new source without the node the run restarts at (or the question it waits
+    on): the swapped-in workflow could not continue the run."""
+
+    remedy = "keep that node in the new workflow file, or rewind the run to a node it keeps"
+
+    def __init__(self, run_id: str, node: str, why: str) -> None:
+        super().__init__(f"run {run_id}: the new workflow {why} {node!r}, where the run restarts")
+
+
 class BudgetBelowConsumed(Refusal, code="budget_below_consumed"):
     """A new budget cap below what the run has already consumed."""
 

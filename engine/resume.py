@@ -20,10 +20,11 @@ from engine.refusals import (
     BudgetBelowConsumed,
     RunNotResumable,
     ScratchNotPortable,
+    SourceLacksRestartNode,
     WorkflowSourceChanged,
 )
 from engine.scratch import moved_past
-from engine.workflow import HumanNode
+from engine.workflow import HumanNode, Workflow
 from store import (
     Budget,
     Checkpoint,
@@ -93,6 +94,8 @@ def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
         )
     if source_changed and not request.force:
         raise WorkflowSourceChanged(run.run_id)
+    if source_changed and request.new_source is not None:
+        _check_restart_node(run, request.new_source.workflow)
     if request.budget is not None:
         merged = merge_overrides(run.budget, request.budget)
         usage = (run.checkpoint or Checkpoint()).usage
@@ -115,6 +118,23 @@ def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
         workflow=new_ref,
         published_at=utcnow(),
     )
+
+
+def _check_restart_node(run: RunDocument, workflow: Workflow) -> None:
+    """A forced source swap keeps the checkpoint, so the new workflow must hold the node the
+    run restarts at, and the question it waits on as a question (found by review: the swap was
+    accepted and the claim then crashed on the missing node, an INTERNAL_ERROR retried until
+    the DLQ)."""
+    cp = run.checkpoint
+    if cp is None:
+        return
+    pending = cp.pending_interaction
+    if pending is not None:
+        node = str(pending.get("node"))
+        if not isinstance(workflow.nodes.get(node), HumanNode):
+            raise SourceLacksRestartNode(run.run_id, node, "has no question")
+    if cp.restart_node is not None and cp.restart_node not in workflow.nodes:
+        raise SourceLacksRestartNode(run.run_id, cp.restart_node, "has no node")
 
 
 def _coerce_mixed(node: HumanNode, request: ResumeRequest) -> dict[str, Any]:

@@ -35,6 +35,7 @@ REFUSAL_STATUS: dict[str, int] = {
     "stale_record": 409,
     "record_not_replayable": 409,
     "workflow_source_changed": 409,
+    "source_lacks_restart_node": 409,
     "scratch_not_portable": 409,
     "budget_below_consumed": 409,
     # the answers do not answer the questions

@@ -18,13 +18,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.cancel import CancelSignal
 from engine.config import EngineSettings
 from engine.execution import Execution
 from engine.failures import FailureCode
-from engine.loader import LoadedWorkflow
+from engine.loader import LoadedWorkflow, load_workflow
 from engine.local import LocalEnv, resume_local, run_local
 from engine.outcome import CancelReason, Interrupted
+from engine.refusals import SourceLacksRestartNode
 from engine.resume import ResumeRequest
 from engine.sandbox.local import LocalSandbox, LocalSandboxDriver
 from engine.sandbox.protocols import SandboxSpec
@@ -128,6 +131,99 @@ async def test_answers_select_the_outgoing_edge_and_the_human_node_is_not_asked_
     assert started(log, "prepare") == 1
     assert len(of_type(log, "human_input_requested")) == 1
     assert [e.data["node"] for e in of_type(log, "human_answers_recorded")] == ["review"]
+
+
+APPROVAL_LOOP = """
+name: approve_loop
+entry: ask
+budget: {max_iterations: 1}
+nodes:
+  ask: {kind: human, questions: [{name: ok, type: bool}]}
+  work: {kind: compute, set: {n: "answers.ok"}}
+edges:
+  - {from: ask, to: work}
+  - {from: work, to: ask, loop: {name: l, max: 3}}
+"""
+
+
+async def test_a_question_reached_again_in_a_loop_is_asked_again_after_a_stop_before_it(
+    env: LocalEnv, events: Events
+) -> None:
+    """Found by review: round 1's answers stayed as the question's output, so a stop on the
+    way back to it (here the iteration cap; a cancel, a drain or a crash alike) resumed into
+    "answered": `work` ran again on round 1's answer and round 2 was never asked."""
+    loaded = load_workflow(APPROVAL_LOOP, "approve_loop.yaml")
+    paused = await run_local(env, loaded, {})
+    assert paused.status is RunStatus.PAUSED_WAITING_HUMAN
+    parked = await resume_local(env, paused.run_id, ResumeRequest(cli_answers={"ok": "yes"}))
+    assert parked.status is RunStatus.PAUSED_OPERATOR  # the cap, at `ask`, before round 2
+    assert parked.checkpoint is not None and parked.checkpoint.restart_node == "ask"
+    assert "ask" not in parked.checkpoint.outputs
+
+    again = await resume_local(env, parked.run_id, ResumeRequest(budget=Budget(max_iterations=10)))
+
+    assert again.status is RunStatus.PAUSED_WAITING_HUMAN  # round 2 asks
+    log = await events(again.run_id)
+    assert len(of_type(log, "human_input_requested")) == 2
+    assert len(of_type(log, "human_answers_recorded")) == 1
+    assert started(log, "work") == 1
+
+
+CAPPED_AT_B = """
+name: w
+entry: a
+budget: {max_iterations: 1}
+nodes:
+  a: {kind: compute, set: {x: "1"}}
+  b: {kind: compute, set: {y: "2"}}
+edges:
+  - {from: a, to: b}
+"""
+ASKS_AT_B = """
+name: w
+entry: a
+nodes:
+  a: {kind: compute, set: {x: "1"}}
+  b: {kind: human, questions: [{name: ok, type: bool}]}
+edges:
+  - {from: a, to: b}
+"""
+WITHOUT_B = """
+name: w
+entry: a
+nodes:
+  a: {kind: compute, set: {x: "1"}}
+  c: {kind: compute, set: {z: "3"}}
+edges:
+  - {from: a, to: c}
+"""
+
+
+async def test_a_forced_source_without_the_node_the_run_restarts_at_is_refused_typed(
+    env: LocalEnv,
+) -> None:
+    """Found by review: the swap was accepted and the claim crashed on the missing node
+    (`KeyError`), leaving the run `running` with the new source swapped in; in the fleet an
+    INTERNAL_ERROR, retried until the DLQ. Now refused before anything is written."""
+    for source, answers, budget in (
+        (CAPPED_AT_B, {}, Budget(max_iterations=10)),
+        (ASKS_AT_B, {"ok": "yes"}, None),
+    ):
+        stopped = await run_local(env, load_workflow(source, "old.yaml"), {})
+        assert stopped.checkpoint is not None and stopped.checkpoint.restart_node == "b"
+        request = ResumeRequest(
+            cli_answers=answers,
+            budget=budget,
+            new_source=load_workflow(WITHOUT_B, "new.yaml"),
+            force=True,
+        )
+        with pytest.raises(SourceLacksRestartNode) as info:
+            await resume_local(env, stopped.run_id, request)
+        assert info.value.code == "source_lacks_restart_node"
+        assert "'b'" in info.value.message
+        unchanged = await env.store.get_run(stopped.run_id)
+        assert unchanged.status is stopped.status
+        assert unchanged.workflow.source_hash == stopped.workflow.source_hash
 
 
 # -- §6.2: nodes are at-least-once; a crash re-runs only the node it interrupted --------------
