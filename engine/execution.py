@@ -32,7 +32,7 @@ from engine.failures import (
 )
 from engine.fencing import FencedWriter, LeaseLost
 from engine.loader import stored_workflow
-from engine.node_runs import NodeRuns
+from engine.node_runs import BudgetSpent, NodeRuns
 from engine.nodes import (
     NodeFailed,
 )
@@ -262,6 +262,18 @@ class Execution(RunStops, NodeRuns):
             result = await self._execute_with_retries(node_id)
             if result is None:
                 return await self._stop_for_cancel(node_id)
+            if isinstance(result, BudgetSpent):
+                cp.restart_node = node_id
+                cp.node_retries.pop(node_id, None)
+                failed = self.events.draft(
+                    "node_failed",
+                    node=node_id,
+                    code=result.failed.code,
+                    error=result.failed.error,
+                    retry=False,
+                )
+                await self.writer.write_checkpoint(cp, events=[failed])
+                return Paused("budget", node_id, detail=result.why)
             if isinstance(result, NodeFailed):
                 cp.restart_node = node_id
                 cp.node_retries.pop(node_id, None)

@@ -11,10 +11,12 @@ import json
 import logging
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.attachments import RunAttachments
+from engine.budget import exceeded
 from engine.cancel import CancelSignal
 from engine.config import EngineSettings
 from engine.events import EventLog
@@ -37,6 +39,15 @@ from store import BlobStore, Checkpoint, RunDocument
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BudgetSpent:
+    """A node's in-process retry was due, but the attempts so far spent the run's budget
+    (`why` says which cap): the walk pauses for the budget at the node instead of retrying."""
+
+    failed: NodeFailed
+    why: str
 
 
 class NodeRuns:
@@ -67,7 +78,7 @@ class NodeRuns:
     async def _ensure_sandbox(self) -> Sandbox:
         raise NotImplementedError
 
-    async def _execute_with_retries(self, node_id: str) -> NodeResult | None:
+    async def _execute_with_retries(self, node_id: str) -> NodeResult | BudgetSpent | None:
         node = self.workflow.nodes[node_id]
         cp = self.checkpoint
         declared = getattr(getattr(node, "retry", None), "max", None)
@@ -101,6 +112,9 @@ class NodeRuns:
             used = cp.node_retries.get(node_id, 0)
             if used >= node_retries_for(result.code, declared):
                 return result  # the caller anchors the checkpoint, then says node_failed
+            why = exceeded(self.run_doc.budget, cp.usage)
+            if why is not None:  # retries cost like any attempt (found by review)
+                return BudgetSpent(result, why)
             cp.node_retries[node_id] = used + 1
             failed = self.events.draft(
                 "node_failed", node=node_id, code=result.code, error=result.error, retry=True

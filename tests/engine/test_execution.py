@@ -316,6 +316,36 @@ async def test_crash_mid_node_reruns_only_that_node(tmp_path: Path, poll: Poll) 
 # -- §6.4: the budget preflight ----------------------------------------------------------------
 
 
+RETRIES_PAST_THE_CAP = """
+name: costly
+entry: c
+budget: {max_iterations: 2}
+nodes:
+  c:
+    kind: call
+    function: "tests.engine.callables:flaky"
+    inputs: {failures: 10}
+    retry: {max: 5, backoff: 0.001}
+"""
+
+
+async def test_a_node_retry_that_the_budget_cannot_pay_for_pauses_for_the_budget(
+    env: LocalEnv, events: Events
+) -> None:
+    """Found by review: in-process retries never looked at the budget, so a node declaring
+    5 retries spent 6 iterations under a cap of 2. The retry due after the cap is reached
+    pauses the run for its budget at the node, as the walk does between nodes (SPEC §6.4)."""
+    parked = await run_local(env, load_workflow(RETRIES_PAST_THE_CAP, "costly.yaml"), {})
+
+    assert parked.status is RunStatus.PAUSED_OPERATOR
+    assert parked.failure_code == FailureCode.BUDGET_EXCEEDED
+    assert parked.checkpoint is not None and parked.checkpoint.restart_node == "c"
+    assert parked.checkpoint.usage.iterations == 2
+    assert callables.calls[parked.run_id] == 2
+    failed = [e.data["retry"] for e in of_type(await events(parked.run_id), "node_failed")]
+    assert failed == [True, False]
+
+
 async def test_budget_exhausted_resume_without_raised_cap_reparks_paused_operator_without_starting_a_sandbox(  # noqa: E501
     store: RunStore, load: Load, events: Events, tmp_path: Path
 ) -> None:
