@@ -18,7 +18,7 @@ from engine.call_errors import AmbiguousEffect, Permanent, Transient
 from engine.errors import ExpressionError, TemplateError
 from engine.events import EventLog
 from engine.expressions import evaluate
-from engine.failures import FailureCode
+from engine.failures import FailureCode, rule_for
 from engine.sandbox.protocols import Sandbox
 from engine.templates import render
 from engine.workflow import CallNode, ComputeNode, ToolNode
@@ -144,6 +144,18 @@ def _tool_error(node_id: str, result: Any) -> str:
     return f"{node_id}: exit {result.exit_code}" + (f": {tail}" if tail else "")
 
 
+def classed(code: str, *, transient: bool) -> str:
+    """The failure code a `Transient` or `Permanent` leaves the node with. The exception's
+    class says whether a retry may cure it, and the failure table must not say otherwise
+    (found by review: `Permanent(RATE_LIMITED)` was retried and auto-resumed, and
+    `Transient("QUOTA_HIT")`, a bot code, ended the run `failed` with no retry). A code the
+    table classes the other way becomes `EXECUTION_FAILED` (transient) or
+    `TOOL_FAILED_PERMANENT` (terminal); the error keeps the code the callable gave."""
+    if rule_for(code).transient == transient:
+        return code
+    return FailureCode.EXECUTION_FAILED if transient else FailureCode.TOOL_FAILED_PERMANENT
+
+
 async def run_call(
     node_id: str, node: CallNode, scope: Mapping[str, Any], ctx: CallContext
 ) -> NodeResult:
@@ -162,10 +174,10 @@ async def run_call(
         value = fn(ctx, inputs)
         if inspect.isawaitable(value):
             value = await value
-    except Transient as exc:
-        return NodeFailed(exc.code, f"{node_id}: {exc}", ctx.cost_usd)
-    except Permanent as exc:
-        return NodeFailed(exc.code, f"{node_id}: {exc}", ctx.cost_usd)
+    except (Transient, Permanent) as exc:
+        code = classed(exc.code, transient=isinstance(exc, Transient))
+        named = "" if code == exc.code else f"{exc.code}: "
+        return NodeFailed(code, f"{node_id}: {named}{exc}", ctx.cost_usd)
     except AmbiguousEffect as exc:
         return NodeFailed(FailureCode.AMBIGUOUS_EFFECT, f"{node_id}: {exc}", ctx.cost_usd)
     except Exception as exc:  # noqa: BLE001 - any other error of user code is EXECUTION_FAILED

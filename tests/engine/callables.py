@@ -53,3 +53,17 @@ async def broken(ctx: CallContext, inputs: dict[str, Any]) -> dict[str, Any]:
     """Always fails with a deterministic code."""
     calls[ctx.run_id] += 1
     raise Permanent(FailureCode.TOOL_FAILED_PERMANENT, "this input can never work")
+
+
+async def permanent_rate_limited(ctx: CallContext, inputs: dict[str, Any]) -> dict[str, Any]:
+    """`Permanent` with a code the failure table calls transient."""
+    calls[ctx.run_id] += 1
+    raise Permanent(FailureCode.RATE_LIMITED, "this key is revoked for good")
+
+
+async def transient_bot_code(ctx: CallContext, inputs: dict[str, Any]) -> dict[str, Any]:
+    """`Transient` with a bot code (not an engine code), failing the first call only."""
+    calls[ctx.run_id] += 1
+    if calls[ctx.run_id] == 1:
+        raise Transient("QUOTA_HIT", "try later")
+    return {"calls": calls[ctx.run_id]}

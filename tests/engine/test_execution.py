@@ -346,6 +346,36 @@ async def test_a_node_retry_that_the_budget_cannot_pay_for_pauses_for_the_budget
     assert failed == [True, False]
 
 
+def _one_call(function: str) -> str:
+    return (
+        "name: one_call\nentry: c\nnodes:\n"
+        f"  c: {{kind: call, function: 'tests.engine.callables:{function}',"
+        " retry: {max: 3, backoff: 0.001}}\n"
+    )
+
+
+async def test_a_permanent_call_failure_ends_the_run_failed_whatever_its_code(
+    env: LocalEnv,
+) -> None:
+    """Found by review: `Permanent(RATE_LIMITED)` was retried in process and parked
+    `failed_resumable`, auto-resumable, because the failure table alone decided."""
+    done = await run_local(env, load_workflow(_one_call("permanent_rate_limited"), "p.yaml"), {})
+
+    assert done.status is RunStatus.FAILED
+    assert done.failure_code == FailureCode.TOOL_FAILED_PERMANENT
+    assert done.error is not None and "RATE_LIMITED" in done.error
+    assert callables.calls[done.run_id] == 1
+
+
+async def test_a_transient_call_failure_is_retried_whatever_its_code(env: LocalEnv) -> None:
+    """The other half: `Transient("QUOTA_HIT")`, a bot code, ended the run `failed` with no
+    retry. It is retried as the transient failure its class says it is."""
+    done = await run_local(env, load_workflow(_one_call("transient_bot_code"), "t.yaml"), {})
+
+    assert done.status is RunStatus.FINISHED
+    assert callables.calls[done.run_id] == 2
+
+
 async def test_budget_exhausted_resume_without_raised_cap_reparks_paused_operator_without_starting_a_sandbox(  # noqa: E501
     store: RunStore, load: Load, events: Events, tmp_path: Path
 ) -> None:
