@@ -86,7 +86,10 @@ class RunStops:
             message = render(node.message, self.scope(), shell=False) if node.message else node.code
         except TemplateError:
             message = node.message
-        if node.resumable and len(preds) == 1:
+        # The entry has no guard however many edges lead back into it: the run never passed
+        # one to get there (`Workflow.guard_of`; found by review).
+        guarded = len(preds) == 1 and node_id != self.workflow.entry
+        if node.resumable and guarded:
             # Anchor on the guard so a resume re-evaluates it (SPEC §6.5).
             cp.restart_node = preds[0]
             await self.writer.write_checkpoint(cp)
@@ -94,7 +97,10 @@ class RunStops:
         warning = None
         if node.resumable:
             warning = (
-                f"fail node {node_id!r} is resumable but has {len(preds)} predecessors"
+                f"fail node {node_id!r} is resumable but is the entry (no guard leads to it):"
+                " the run ends failed"
+                if node_id == self.workflow.entry
+                else f"fail node {node_id!r} is resumable but has {len(preds)} predecessors"
                 " (a guard needs exactly one): the run ends failed"
             )
             log.warning("run %s: %s", self.run_id, warning)

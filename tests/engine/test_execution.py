@@ -455,6 +455,21 @@ async def test_fail_node_reached_from_two_predecessors_ends_failed_with_the_warn
     assert "predecessors" in failed.data["warning"]
 
 
+async def test_a_resumable_fail_node_that_is_the_entry_ends_failed_with_the_warning(
+    env: LocalEnv, load: Load, events: Events
+) -> None:
+    """Found by review: a resumable fail node at the entry anchored the run on its one
+    predecessor, a node the run never reached, and parked it for a resume that would start
+    there. No guard leads to the entry, so the run ends `failed` (`Workflow.guard_of`)."""
+    doc = await run_local(env, load("entry_fail"), {})
+
+    assert doc.status is RunStatus.FAILED
+    assert doc.failure_code == "NO_GUARD"
+    assert doc.checkpoint is not None and doc.checkpoint.restart_node == "stop"
+    (failed,) = of_type(await events(doc.run_id), "run_failed")
+    assert "is the entry" in failed.data["warning"]
+
+
 # -- §6.6: in-process node retries -------------------------------------------------------------
 
 
