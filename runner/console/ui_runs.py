@@ -32,6 +32,7 @@ from runner.console.pages import (
 )
 from runner.console.remedies import what_to_do
 from runner.console.routing import invalid, owned_run
+from runner.console.uploads_api import file_answers, file_questions
 from runner.delivery_log import DeliveryEntry, read_deliveries
 from runner.operations.retry_wait import waiting_retry
 from runner.operations.runs import TimelineEntry, merge_timeline
@@ -265,8 +266,17 @@ async def answer(request: web.Request) -> web.StreamResponse:
     names = [str(q.get("name")) for q in prompt.questions] if prompt else []
     values = {name: form_value(request, f"answer.{name}") for name in names}
     given = {name: value for name, value in values.items() if value.strip() != ""}
+    files = set(file_questions(doc))
     try:
-        done = await ops.resume(call.env, doc.run_id, ResumeRequest(cli_answers=given))
+        # A file question is answered with a staged upload's id, as over the API: never a
+        # path, which the operations would read from this server's disk (found by review:
+        # `answer.doc=@/path` pulled a server file into the caller's run).
+        uploaded = await file_answers(
+            call, doc, {name: {"upload": given[name].strip()} for name in files & set(given)}
+        )
+        typed = {name: value for name, value in given.items() if name not in files}
+        request_ = ResumeRequest(answers=uploaded, cli_answers=typed)
+        done = await ops.resume(call.env, doc.run_id, request_)
     except AnswersInvalid as exc:
         errors = {exc.field: f"{exc.code}: {exc.message} — {exc.remedy}"}
         return await run_page(request, errors=errors, values=values, status=422)

@@ -18,6 +18,7 @@ from publisher import DlqStore
 from runner.console import Principal, TokenBook, create_app
 from store import Checkpoint, RunStatus, StagedFile
 from tests.console.conftest import OP_A, OP_B, READ_A, TOKENS, Api
+from tests.console.test_api_uploads import paused_on_a_file_question, upload
 from tests.publisher.conftest import put_run
 
 SCRIPT = "<script>alert('owned')</script><b>bold</b>"
@@ -332,3 +333,37 @@ async def test_console_an_unexpected_error_is_an_html_error_page_not_json(
     assert resp.headers["Content-Type"].startswith("text/html"), html[:300]
     assert "internal error (logged)" in html
     assert "secret internals" not in html
+
+
+async def test_console_a_file_question_is_answered_by_an_upload_id_never_a_server_path(
+    api: Api,
+) -> None:
+    """Found by review: the answer form passed `answer.doc=@/path` on as a CLI answer, and the
+    operations staged that path from the server's own disk into the caller's run. The form
+    takes a file question's answer as an upload id, as the API does."""
+    run_id = await paused_on_a_file_question(api)
+    secret = api.fleet.tmp / "server-secret.txt"
+    secret.write_text("not for callers")
+    await log_in(api.client, OP_A)
+    for value in (f"@{secret}", str(secret)):
+        csrf = await csrf_of(api.client, f"/ui/runs/{run_id}")
+        resp = await api.client.post(
+            f"/ui/runs/{run_id}/answer",
+            data={"csrf": csrf, "answer.doc": value},
+            allow_redirects=False,
+        )
+        assert resp.status in (404, 422), (value, resp.status)
+        assert (await api.env.store.get_run(run_id)).status == "paused_waiting_human"
+    assert not list((api.fleet.tmp / "blobs").rglob("server-secret.txt"))
+
+    staged = await upload(api, b"answered by upload\n", filename="doc.txt")
+    csrf = await csrf_of(api.client, f"/ui/runs/{run_id}")
+    resp = await api.client.post(
+        f"/ui/runs/{run_id}/answer",
+        data={"csrf": csrf, "answer.doc": staged["upload_id"]},
+        allow_redirects=False,
+    )
+    assert resp.status == 303, await resp.text()
+    done = await api.fleet.wait_status(run_id, "finished")
+    assert done.checkpoint is not None
+    assert done.checkpoint.outputs["show_doc"] == "answered by upload"
