@@ -41,6 +41,7 @@ from runner.services import RunnerServices
 from store import (
     CasConflict,
     Condition,
+    DocumentInvalid,
     Eq,
     LeaseFree,
     Origin,
@@ -143,6 +144,10 @@ class Sweeper:
                 log.warning("sweep skipped: store unavailable (%s)", exc)
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("sweep skipped: NATS unavailable (%r)", exc)
+            except Exception:  # a bug in one pass must not stop the runner
+                # The lock passes to the next runner, which would meet the same run and stop
+                # too: the fleet would go down one runner at a time (found by review).
+                log.exception("sweep failed; the next pass tries again")
 
     async def sweep_once(self, *, force: bool = False) -> SweepReport:
         """One pass. `force` (the CLI's `runfleet sweep`) takes no lock: its actions are CASes
@@ -166,6 +171,10 @@ class Sweeper:
                 )
             )
             for copy in page.copies:
+                if copy.status == RunStatus.FAILED_RESUMABLE and not is_auto_resumable(
+                    copy.failure_code
+                ):
+                    continue  # parked for a person: no rule acts on it (`_judge`), no read
                 if await self._copy_on_queue(copy):
                     continue  # every rule of §5.9 needs the copy missing or gone
                 if lock is not None and not await lock.hold():
@@ -175,6 +184,12 @@ class Sweeper:
                     run = await svc.store.get_run(copy.run_id)
                 except RunNotFound:
                     continue  # deleted since the page was read (`gc`)
+                except DocumentInvalid as exc:
+                    # One unreadable document must not stop the pass for every run after it
+                    # (found by review): it is logged and counted, and the pass goes on.
+                    log.error("sweep: run %s does not validate; passed over: %s", copy.run_id, exc)
+                    report.actions["unreadable"] += 1
+                    continue
                 action = await self._judge(run)
                 if action:
                     report.actions[action] += 1

@@ -104,6 +104,11 @@ class RunCopy:
     """`publication.attempt` (None: no publication recorded)."""
     stream_seq: int | None
     """`publication.stream_seq` (None: no publication, or its sequence is not known yet)."""
+    status: str | None = None
+    """The run's status (None: the store could not read it)."""
+    failure_code: str | None = None
+    """The run's `failure_code`: the sweeper passes over a run parked for a person without
+    reading it (found by review: every pass read each parked run in full)."""
 
 
 @dataclass

@@ -77,7 +77,13 @@ def _null_safe(clause: Doc) -> Doc:
     return {"$or": [clause, *({".".join(parts[:i]): None} for i in range(1, len(parts)))]}
 
 
-_COPY_FIELDS = {"attempt": 1, "publication.attempt": 1, "publication.stream_seq": 1}
+_COPY_FIELDS = {
+    "attempt": 1,
+    "publication.attempt": 1,
+    "publication.stream_seq": 1,
+    "status": 1,
+    "failure_code": 1,
+}
 
 
 def _filter(query: RunQuery) -> tuple[Doc, int]:
@@ -219,8 +225,20 @@ class MongoRunStore(MongoEvents, MongoRecords):
         copies = []
         for raw in raws:
             pub = raw.get("publication") or {}
+            if not isinstance(pub, dict):
+                pub = {}
+            attempt = raw.get("attempt")
+            if not isinstance(attempt, int) or isinstance(attempt, bool):
+                attempt = 0  # the sweeper reads the run, meets its error and passes on
             copies.append(
-                RunCopy(raw["_id"], int(raw["attempt"]), pub.get("attempt"), pub.get("stream_seq"))
+                RunCopy(
+                    raw["_id"],
+                    attempt,
+                    pub.get("attempt"),
+                    pub.get("stream_seq"),
+                    raw.get("status"),
+                    raw.get("failure_code"),
+                )
             )
         full = query.limit > 0 and len(copies) == query.limit
         return RunCopyPage(copies=copies, next_after=copies[-1].run_id if full else None)

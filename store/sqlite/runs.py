@@ -60,13 +60,19 @@ def _run(text: str, run_id: str) -> RunDocument:
         return decode(RunDocument, loads(text, "run", run_id), what="run", ident=run_id)
 
 
-def _copy(run_id: str, fields: str | None) -> RunCopy:
-    """A `RunCopy` from the three fields as a JSON array (None: a document that is not JSON at
-    all; `attempt` 0 and no publication make the sweeper read it, and meet its error)."""
+def _copy(run_id: str, status: str, failure_code: str | None, fields: str | None) -> RunCopy:
+    """A `RunCopy` from the query columns and the three fields as a JSON array (None: a
+    document that is not JSON at all). An `attempt` that is not an integer reads as 0: no
+    publication matches it, so the sweeper reads the run, meets its error and passes on
+    (found by review: `int(None)` raised out of the page and stopped the pass)."""
     if fields is None:
-        return RunCopy(run_id, 0, None, None)
+        return RunCopy(run_id, 0, None, None, status, failure_code)
     attempt, published, seq = json.loads(fields)
-    return RunCopy(run_id, int(attempt), published, seq)
+    return RunCopy(run_id, _attempt(attempt), published, seq, status, failure_code)
+
+
+def _attempt(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,9 +360,9 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         across the three calls), so a page costs no Python JSON decode or validation."""
         where, args = _where(query)
         fields = json_field("$.attempt", "$.publication.attempt", "$.publication.stream_seq")
-        sql = f"SELECT run_id, {fields} FROM runs{where}"
+        sql = f"SELECT run_id, status, failure_code, {fields} FROM runs{where}"
         rows = await self._read(lambda c: c.execute(sql, args).fetchall())
-        copies = [_copy(run_id, fields) for run_id, fields in rows]
+        copies = [_copy(*row) for row in rows]
         next_after = copies[-1].run_id if len(copies) == query.limit and copies else None
         return RunCopyPage(copies=copies, next_after=next_after)
 

@@ -287,3 +287,76 @@ async def test_sweeper_parks_only_for_a_record_of_the_runs_current_attempt(
     assert await present(fleet, doc.publication.stream_seq)
     msg = await fleet.js.get_msg(fleet.names.runs_stream, doc.publication.stream_seq)
     assert dict(msg.headers or {})[HDR_MSG_ID] == f"{run.run_id}:2:s1"
+
+
+# -- one bad document, and the runs parked for a person (found by review) -------------------------
+
+
+def _corrupt(fleet: Fleet, run_id: str, path: str, value_sql: str) -> None:
+    """Rewrite one field of the stored document behind the store's back (SQLite)."""
+    import sqlite3
+
+    conn = sqlite3.connect(fleet.tmp / "runs.db")
+    try:
+        conn.execute(
+            f"UPDATE runs SET doc = json_set(doc, '{path}', {value_sql}) WHERE run_id = ?",
+            (run_id,),
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    fleet.store.remembered.forget(run_id)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("path", "value_sql"), [("$.tenant", "''"), ("$.attempt", "json('null')")])
+async def test_sweeper_an_unreadable_run_does_not_stop_the_pass_for_the_runs_after_it(
+    fleet: Fleet, svc: RunnerServices, path: str, value_sql: str
+) -> None:
+    """A document that does not validate (or whose attempt is not a number) stopped every pass
+    at itself, so every run after it in id order was never swept: here an unpublished
+    `queued` run, stranded."""
+    ago = utcnow() - timedelta(seconds=10)
+    bad = await create(fleet, status=S.QUEUED, attempt_at=ago)
+    stranded = await create(fleet, status=S.QUEUED, attempt_at=ago)
+    assert bad.run_id < stranded.run_id
+    _corrupt(fleet, bad.run_id, path, value_sql)
+
+    report = await Sweeper(svc).sweep_once(force=True)
+
+    assert report.actions["unreadable"] == 1
+    assert (await fleet.store.get_run(stranded.run_id)).publication is not None
+
+
+async def test_sweeper_passes_over_runs_parked_for_a_person_without_reading_them(
+    fleet: Fleet, svc: RunnerServices
+) -> None:
+    """`failed_resumable` with a code only a person resumes: no rule of §5.9 acts on it, and
+    each pass used to read every one of them in full."""
+    ago = utcnow() - timedelta(seconds=10)
+    parked = [
+        await create(fleet, status=S.FAILED_RESUMABLE, failure_code="DLQ_PARKED", attempt_at=ago)
+        for _ in range(5)
+    ]
+    store = CountingReads(fleet.store)
+    report = await sweeper_on(svc, store=store).sweep_once(force=True)
+
+    assert not report.actions
+    assert not set(store.reads) & {p.run_id for p in parked}
+    again = await create(fleet, status=S.FAILED_RESUMABLE, failure_code="RUNNER_LOST")
+    await sweeper_on(svc, store=store).sweep_once(force=True)
+    assert again.run_id in store.reads  # an auto-resumable one is still judged
+
+
+class CountingReads:
+    """The real store, recording the runs it was asked to read in full."""
+
+    def __init__(self, inner: RunStore) -> None:
+        self.inner = inner
+        self.reads: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get_run(self, run_id: str) -> RunDocument:
+        self.reads.append(run_id)
+        return await self.inner.get_run(run_id)

@@ -699,6 +699,24 @@ async def test_list_run_copies_pages_what_list_runs_pages_with_each_runs_recorde
     assert got == want
 
 
+async def test_list_run_copies_carries_each_runs_status_and_failure_code(
+    run_store: RunStore, make_run: MakeRun
+) -> None:
+    """So the sweeper passes over a run parked for a person without reading it."""
+    parked = make_run(status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED")
+    queued = make_run()
+    for doc in (parked, queued):
+        await run_store.create_run(doc)
+    page = await run_store.list_run_copies(
+        RunQuery(statuses=[RunStatus.FAILED_RESUMABLE, RunStatus.QUEUED], limit=10)
+    )
+    got = {c.run_id: (c.status, c.failure_code) for c in page.copies}
+    assert got == {
+        parked.run_id: ("failed_resumable", "DLQ_PARKED"),
+        queued.run_id: ("queued", None),
+    }
+
+
 async def test_a_query_by_run_ids_finds_exactly_those_runs_and_keeps_the_other_filters(
     run_store: RunStore, make_run: MakeRun
 ):
