@@ -128,6 +128,13 @@ async def replay_record(pub: ReplayPublisher, record_id: int, *, tenant: str) ->
             f"DLQ record {record_id}: its replay (attempt {run.attempt}) was never published, and"
             f" run {run.run_id} is {run.status} since"
         )
+    if stage is ReplayStage.FRESH and run.status is RunStatus.CANCELLED:
+        # The operator's cancel came after the record: a replay (`dlq replay --all` above all)
+        # must not undo it; `runfleet resume` still can, on purpose (found by review).
+        raise StaleRecord(
+            f"DLQ record {record_id}: run {run.run_id} was cancelled since; resume the run"
+            " itself if it should run again"
+        )
     if stage is ReplayStage.FRESH and record.attempt != run.attempt:
         raise StaleRecord(
             f"DLQ record {record_id} is for attempt {record.attempt}; run {run.run_id} is"

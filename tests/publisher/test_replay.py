@@ -236,3 +236,23 @@ async def test_a_replay_never_published_whose_run_was_cancelled_since_is_refused
     assert await run_store.get_run(run.run_id) == run
     assert await stream_count(nats_conn.js, names) == 0
     assert await record_kept(publisher)
+
+
+async def test_a_replay_of_a_parked_run_an_operator_cancelled_since_is_refused_stale(
+    publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
+) -> None:
+    """Found by review: no replay was involved before the cancel, so the record still named
+    the run's attempt, and `dlq replay` (`--all` above all) put the cancelled run back on the
+    queue. The cancel stands; the record stays for a purge, and a resume can still bring the
+    run back on purpose."""
+    run = await put_run(run_store, attempt=2, **PARKED)
+    await dead_letter(dlq_of(publisher), run, attempt=2)
+    cancelled = await publisher.cancel(run.run_id, tenant="default")
+    assert cancelled.status is RunStatus.CANCELLED and cancelled.attempt == 2
+
+    with pytest.raises(StaleRecord, match="cancelled since"):
+        await publisher.replay(RECORD, tenant="default")
+
+    assert (await run_store.get_run(run.run_id)).status is RunStatus.CANCELLED
+    assert await stream_count(nats_conn.js, names) == 0
+    assert await record_kept(publisher)
