@@ -8,7 +8,7 @@ Garbage collection comes in two steps, so whoever calls it can show what will go
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from engine.scratch import sweep_orphan_banks
@@ -19,7 +19,7 @@ from publisher.streams import EnsureReport, ensure_streams
 from publisher.wire import WireNames
 from runner.operations.env import Env
 from runner.operations.models import GcPlan, GcReport, SweepResult
-from store import RunfleetError, RunQuery, RunStatus, utcnow
+from store import DocumentInvalid, RunfleetError, RunNotFound, RunQuery, RunStatus, utcnow
 from store.staging import StagingStore
 
 if TYPE_CHECKING:
@@ -89,10 +89,13 @@ async def plan_gc(env: Env, age: timedelta) -> GcPlan:
 async def collect_garbage(env: Env, plan: GcPlan) -> GcReport:
     """Delete what `plan` lists, then the staged uploads and DLQ records older than its age.
     NATS being unreachable leaves the DLQ records (`dlq_error` says why), not the rest."""
+    deleted = 0
     for run_id in plan.run_ids:
+        if not await _still_garbage(env, run_id, plan.cutoff):
+            continue
         for blob in await env.blobs.list(f"runs/{run_id}/"):
             await env.blobs.delete(blob.key)
-        await env.store.delete_run(run_id)
+        deleted += int(await env.store.delete_run(run_id))
     skew = env.engine.lease_timing().skew
     await sweep_orphan_banks(env.store, env.blobs, skew)  # SPEC §7.3: keys no record names
     uploads = await StagingStore(env.store, env.blobs).reap(plan.age, utcnow())
@@ -104,4 +107,18 @@ async def collect_garbage(env: Env, plan: GcPlan) -> GcReport:
                 removed += int(await dlq.delete(record.id))
     except RunfleetError as exc:
         dlq_error = exc
-    return GcReport(len(plan.run_ids), uploads, removed, dlq_error)
+    return GcReport(deleted, uploads, removed, dlq_error)
+
+
+async def _still_garbage(env: Env, run_id: str, cutoff: datetime) -> bool:
+    """Whether a planned run is still settled and untouched since the plan's cutoff. The CLI
+    asks for confirmation between the plan and the deletion, and a cancelled run resumed
+    meanwhile was deleted while queued, its copy then dead-lettered `run_not_found` (found by
+    review). A change in the instant between this read and the delete is not caught."""
+    try:
+        run = await env.store.get_run(run_id)
+    except RunNotFound:
+        return False
+    except DocumentInvalid:
+        return True  # listed as settled by its query columns; unreadable, and still garbage
+    return run.status in SETTLED and run.updated_at < cutoff

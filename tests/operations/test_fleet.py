@@ -11,7 +11,7 @@ from publisher import DlqStore, RecordNotFound, WireNames, WireSettings
 from publisher.errors import NatsUnavailable
 from runner import operations as ops
 from runner.operations import Env
-from store import BlobNotFound, RunNotFound, RunStatus, utcnow
+from store import BlobNotFound, CasConflict, Eq, RunNotFound, RunStatus, Update, utcnow
 from tests.publisher.conftest import Nats, delete_streams, expired_lease, put_run
 from tests.runner.conftest import eventually
 
@@ -80,6 +80,31 @@ async def test_plan_then_collect_garbage_deletes_settled_runs_their_blobs_and_ol
     with pytest.raises(RecordNotFound):
         await dlq.get(61)
     assert (await env.store.get_run(live.run_id)).status is RunStatus.PAUSED_OPERATOR
+
+
+async def test_collect_garbage_spares_a_planned_run_that_was_resumed_before_the_deletion(
+    env: Env,
+) -> None:
+    """Found by review: `runfleet gc` asks for confirmation between the plan and the deletion;
+    a cancelled run resumed meanwhile was deleted while `queued` (with its attachments), and
+    its copy then went to the DLQ as `run_not_found`, the resume lost."""
+    cancelled = await put_run(env.store, status=RunStatus.CANCELLED)
+    await env.blobs.put_bytes(f"runs/{cancelled.run_id}/attachments/doc", b"x")
+    await _clock_past(cancelled.updated_at)
+    plan = await ops.plan_gc(env, timedelta(0))
+    assert plan.run_ids == (cancelled.run_id,)
+    resumed = await env.store.update_run(
+        cancelled.run_id,
+        [Eq("status", RunStatus.CANCELLED)],
+        Update(set={"status": RunStatus.QUEUED, "attempt": 2}),
+    )
+    assert not isinstance(resumed, CasConflict)
+
+    report = await ops.collect_garbage(env, plan)
+
+    assert report.runs == 0
+    assert (await env.store.get_run(cancelled.run_id)).status is RunStatus.QUEUED
+    assert await env.blobs.get_bytes(f"runs/{cancelled.run_id}/attachments/doc") == b"x"
 
 
 async def test_collect_garbage_with_nats_unreachable_still_collects_runs_and_says_why(
