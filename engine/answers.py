@@ -96,13 +96,24 @@ def _parse(q: Question, text: str) -> Any:
             return False
     elif q.type == "int":
         if _INT.fullmatch(stripped):
-            return int(stripped)
+            return _int(q, stripped)
     elif q.type == "number":
         if _INT.fullmatch(stripped):
-            return int(stripped)
-        if _NUMBER.fullmatch(stripped) and math.isfinite(float(stripped)):
+            number = _int(q, stripped)
+            if value_fits("number", number):
+                return number
+        elif _NUMBER.fullmatch(stripped) and math.isfinite(float(stripped)):
             return float(stripped)
     raise _wrong(q, text)
+
+
+def _int(q: Question, digits: str) -> int:
+    try:
+        return int(digits)
+    except ValueError:  # past Python's int/str conversion limit (4300 digits)
+        raise AnswersInvalid(
+            q.name, f"expected {_EXPECTED[q.type]}, got {len(digits)} digits (too long)"
+        ) from None
 
 
 def _file(q: Question, value: Any, base_dir: Path | None) -> dict[str, Any]:
@@ -159,6 +170,12 @@ def _uploaded(q: Question, value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _wrong(q: Question, value: Any) -> AnswersInvalid:
+    try:
+        shown = repr(value)
+    except ValueError:  # an int too long to print
+        shown = "(too long to show)"
+    if len(shown) > 200:
+        shown = shown[:197] + "..."
     return AnswersInvalid(
-        q.name, f"expected {_EXPECTED[q.type]}, got {type(value).__name__} {value!r}"
+        q.name, f"expected {_EXPECTED[q.type]}, got {type(value).__name__} {shown}"
     )

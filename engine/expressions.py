@@ -11,7 +11,12 @@ What keeps it safe, in layers:
 - only the functions in `FUNCTIONS` can be called, plus a few read-only `str` methods;
 - no attribute starting with `_` (so no `__class__`, `__globals__`), and attributes on anything
   but a mapping or a string are refused: there are no objects in the context to reach into;
-- simpleeval's limits bound `**`, string repetition and comprehension sizes.
+- bounded work: `**` refuses a result over `MAX_POWER_BITS` bits (simpleeval's own bound is on
+  the operands, and `4000000 ** 4000000` passes it), simpleeval bounds repetition (`"a" * n`)
+  and concatenation to `simpleeval.MAX_STRING_LENGTH` items and a comprehension to
+  `simpleeval.MAX_COMPREHENSION_LENGTH` iterations, and one evaluation may build at most
+  `MAX_BUILT_ITEMS` characters/items in all (a comprehension of big strings passes each
+  per-operation bound, but not this one). Evaluation is synchronous, on the runner's loop.
 
 `compile_check` runs the same rules statically at load, so a typo in a `when` is a load error
 with a line instead of an `EXPRESSION_FAILED` an hour into a run.
@@ -20,13 +25,21 @@ with a line instead of an `EXPRESSION_FAILED` an hour into a run.
 from __future__ import annotations
 
 import ast
+import math
 import threading
 import types
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from simpleeval import EvalWithCompoundTypes, FeatureNotAvailable, InvalidExpression
+from simpleeval import (
+    EvalWithCompoundTypes,
+    FeatureNotAvailable,
+    InvalidExpression,
+    IterableTooLong,
+    NumberTooHigh,
+    safe_power,
+)
 
 from engine.errors import ExpressionError
 
@@ -50,6 +63,12 @@ FUNCTIONS: Mapping[str, Callable[..., Any]] = types.MappingProxyType(
         "round": round,
     }
 )
+
+MAX_POWER_BITS = 4096
+"""The largest `**` result, in bits, of an int power (about 1 200 decimal digits)."""
+
+MAX_BUILT_ITEMS = 10_000_000
+"""The characters/items one evaluation may build in all (strings, lists, ... it makes)."""
 
 _STR_METHODS: frozenset[str] = frozenset(
     {"lower", "upper", "strip", "lstrip", "rstrip", "startswith", "endswith", "split"}
@@ -119,6 +138,29 @@ def _parse(expr: str) -> ast.Expression:
     return ast.parse(expr.strip(), mode="eval")
 
 
+def _parsed(expr: str) -> ast.Expression:
+    """`_parse`, with every way the parser refuses a text as an `ExpressionError`: a nesting too
+    deep for it (`1+1+...` 100 000 times, a long unary chain) is RecursionError/MemoryError."""
+    try:
+        return _parse(expr)
+    except SyntaxError as exc:
+        raise ExpressionError(expr, f"syntax error: {exc.msg}") from exc
+    except (RecursionError, MemoryError) as exc:
+        raise ExpressionError(expr, "too deeply nested to parse") from exc
+
+
+def power_too_large(base: Any, exponent: Any) -> bool:
+    """Whether `base ** exponent` is an int over `MAX_POWER_BITS` bits, known before computing
+    it: its bit length is about `exponent * log2(|base|)`. (Float powers overflow quickly on
+    their own.)"""
+    if not (isinstance(base, int) and isinstance(exponent, int)) or exponent <= 0:
+        return False
+    if abs(base) <= 1:
+        return False
+    # log2(|base|) >= 1 here, so a huge exponent is refused before it meets a float.
+    return exponent > MAX_POWER_BITS or exponent * math.log2(abs(base)) > MAX_POWER_BITS
+
+
 def compile_check(expr: str, *, roots: frozenset[str] = CONTEXT_ROOTS) -> None:
     """Refuse at load what `evaluate` would refuse for any context.
 
@@ -127,10 +169,7 @@ def compile_check(expr: str, *, roots: frozenset[str] = CONTEXT_ROOTS) -> None:
     """
     if not expr.strip():
         raise ExpressionError(expr, "empty expression")
-    try:
-        tree = _parse(expr)
-    except SyntaxError as exc:
-        raise ExpressionError(expr, f"syntax error: {exc.msg}") from exc
+    tree = _parsed(expr)
     nodes = list(ast.walk(tree))
     bound = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     callees = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
@@ -169,13 +208,48 @@ class _MissingField(InvalidExpression):  # type: ignore[misc]
     pass
 
 
+_BUILDING_NODES: tuple[type[ast.AST], ...] = (
+    ast.BinOp,
+    ast.Call,
+    ast.Subscript,
+    ast.JoinedStr,
+    ast.List,
+    ast.Tuple,
+    ast.Dict,
+    ast.Set,
+    ast.ListComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
+"""The nodes whose value is built by the evaluation (a name or a field reads existing data)."""
+
+_SIZED = (str, bytes, list, tuple, dict, set, frozenset)
+
+
 class _Evaluator(EvalWithCompoundTypes):  # type: ignore[misc]
-    """simpleeval with mapping-only attribute access and a fixed function list."""
+    """simpleeval with mapping-only attribute access, a fixed function list, a bounded `**`
+    and a bound on what one evaluation builds."""
 
     def __init__(self, names: dict[str, Any]) -> None:
         super().__init__(functions=dict(FUNCTIONS), names=names)
         # The base class adds list/tuple/dict/set constructors; the contract is FUNCTIONS only.
         self.functions = dict(FUNCTIONS)
+        self.operators[ast.Pow] = _power
+        self._built = 0
+
+    def eval(self, expr: str, previously_parsed: ast.AST | None = None) -> Any:
+        self._built = 0
+        return super().eval(expr, previously_parsed)
+
+    def _eval(self, node: ast.AST) -> Any:
+        result = super()._eval(node)
+        if isinstance(node, _BUILDING_NODES) and isinstance(result, _SIZED):
+            self._built += len(result)
+            if self._built > MAX_BUILT_ITEMS:
+                raise IterableTooLong(
+                    f"the expression builds over {MAX_BUILT_ITEMS} characters/items in all"
+                )
+        return result
 
     def _check_disallowed_items(self, item: Any) -> None:
         # The base walks every container it returns, which is O(size of `outputs`) per name
@@ -203,6 +277,13 @@ class _Evaluator(EvalWithCompoundTypes):  # type: ignore[misc]
         )
 
 
+def _power(base: Any, exponent: Any) -> Any:
+    """simpleeval's `safe_power` (operands within its MAX_POWER), the result within ours."""
+    if power_too_large(base, exponent):
+        raise NumberTooHigh(f"the power would be over {MAX_POWER_BITS} bits; not computed")
+    return safe_power(base, exponent)
+
+
 _LOCAL = threading.local()
 
 
@@ -220,10 +301,7 @@ def _evaluator(names: dict[str, Any]) -> _Evaluator:
 
 def evaluate(expr: str, context: Mapping[str, Any]) -> Any:
     """The value of `expr` over `context`; any failure is an `ExpressionError` naming `expr`."""
-    try:
-        tree = _parse(expr)
-    except SyntaxError as exc:
-        raise ExpressionError(expr, f"syntax error: {exc.msg}") from exc
+    tree = _parsed(expr)
     evaluator = _evaluator(dict(context))
     try:
         return evaluator.eval(expr, previously_parsed=tree.body)

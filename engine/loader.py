@@ -387,12 +387,20 @@ def _sandbox_problems(wf: Workflow, lines: _Lines) -> Iterator[Problem]:
             yield _problem(lines, {**err, "loc": loc})
 
 
+_TOO_DEEP = "too deeply nested to check"
+"""A text nested past the parser's depth (RecursionError/MemoryError from a parser): the
+checkers turn it into their own error; this is the backstop so it is never untyped."""
+
+
 def _expression(lines: _Lines, path: PathKey, expr: str) -> Iterator[Problem]:
     try:
         check_expression(expr)
     except ExpressionError as exc:
         field, line = lines.locate(path)
         yield Problem(field, line, exc.detail)
+    except (RecursionError, MemoryError):
+        field, line = lines.locate(path)
+        yield Problem(field, line, _TOO_DEEP)
 
 
 def _template(lines: _Lines, path: PathKey, text: str, *, shell: bool) -> Iterator[Problem]:
@@ -404,6 +412,9 @@ def _template(lines: _Lines, path: PathKey, text: str, *, shell: bool) -> Iterat
         field, _ = lines.locate(path)
         line = lines.value_line(path) + (exc.lineno - 1 if exc.lineno else 0)
         yield Problem(field, line, f"template: {exc.detail}")
+    except (RecursionError, MemoryError):
+        field, _ = lines.locate(path)
+        yield Problem(field, lines.value_line(path), f"template: {_TOO_DEEP}")
 
 
 def _strings(value: Any, path: PathKey) -> Iterator[tuple[PathKey, str]]:

@@ -11,25 +11,108 @@ opts out: the filter wraps the text in a marker type that `finalize` passes thro
 attachment therefore renders as `''`, an empty word, which keeps argument positions.)
 
 Values render as text: `None` empty, bools `true`/`false`, dicts and lists as JSON.
+
+Rendering is synchronous, on the runner's loop, so the work a template can ask for is bounded
+(Jinja's sandbox guards access, not work): `**` refuses an int result over
+`expressions.MAX_POWER_BITS` bits, `*` a string/list/tuple over `MAX_SEQUENCE_LENGTH` items (both
+are intercepted, which also stops Jinja from constant-folding them while *compiling*, where
+`{{ 3999999 ** 3999999 }}` hung the load), `range` yields at most `MAX_RANGE` items per call and
+`MAX_RANGE_TOTAL` per render (so nested loops over ranges stay bounded), and one render may
+build at most `MAX_BUILT_ITEMS` items by `*` and output at most `MAX_RENDERED_CHARS` characters.
+A template nested too deeply for Jinja's recursive compiler is a `TemplateError`, not a
+`RecursionError`.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import threading
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
 from jinja2 import StrictUndefined, Template, TemplateSyntaxError, meta
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.attachments import Unavailable
 from engine.errors import TemplateError
-from engine.expressions import CONTEXT_ROOTS
+from engine.expressions import CONTEXT_ROOTS, MAX_POWER_BITS, power_too_large
 
 TEMPLATE_ROOTS: frozenset[str] = CONTEXT_ROOTS | {"attachments"}
 """The names a template may start from."""
+
+MAX_SEQUENCE_LENGTH = 100_000
+"""The longest string/list/tuple a `*` may make (as simpleeval bounds expressions)."""
+
+MAX_RANGE = 10_000
+"""The most items one `range(...)` may yield."""
+
+MAX_RANGE_TOTAL = 100_000
+"""The most items all the `range(...)` calls of one render may yield together."""
+
+MAX_BUILT_ITEMS = 10_000_000
+"""The most items the `*`s of one render may make together."""
+
+MAX_RENDERED_CHARS = 10_000_000
+"""The longest text one render may produce."""
+
+
+class _Budget:
+    """What one render has used so far; `render` installs a fresh one for its thread."""
+
+    __slots__ = ("built", "ranged")
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.ranged = 0
+
+
+_LOCAL = threading.local()
+
+
+def _budget() -> _Budget:
+    # Outside `render` (no budget installed) only the per-operation bounds apply.
+    budget: _Budget | None = getattr(_LOCAL, "budget", None)
+    return budget if budget is not None else _Budget()
+
+
+class _TooMuchWork(Exception):
+    """A template asked for more work than the bounds allow."""
+
+
+def _bounded_range(*args: int) -> range:
+    rng = range(*args)
+    if len(rng) > MAX_RANGE:
+        raise _TooMuchWork(f"range of {len(rng)} items (at most {MAX_RANGE})")
+    budget = _budget()
+    budget.ranged += len(rng)
+    if budget.ranged > MAX_RANGE_TOTAL:
+        raise _TooMuchWork(f"the ranges of one render yield over {MAX_RANGE_TOTAL} items")
+    return rng
+
+
+def _bounded_multiply(left: Any, right: Any) -> Any:
+    for seq, times in ((left, right), (right, left)):
+        if isinstance(seq, str | list | tuple) and isinstance(times, int):
+            size = len(seq) * max(times, 0)
+            if size > MAX_SEQUENCE_LENGTH:
+                raise _TooMuchWork(
+                    f"repeating {type(seq).__name__} would make {size} items"
+                    f" (at most {MAX_SEQUENCE_LENGTH})"
+                )
+            budget = _budget()
+            budget.built += size
+            if budget.built > MAX_BUILT_ITEMS:
+                raise _TooMuchWork(f"one render's `*`s make over {MAX_BUILT_ITEMS} items")
+    return left * right
+
+
+def _bounded_power(left: Any, right: Any) -> Any:
+    if power_too_large(left, right):
+        raise _TooMuchWork(f"the power would be over {MAX_POWER_BITS} bits; not computed")
+    return left**right
 
 
 class _Raw(str):
@@ -111,6 +194,21 @@ def _finalize_shell(value: Any) -> str:
 
 
 class _Environment(ImmutableSandboxedEnvironment):
+    # Intercepted operators run through `call_binop` at render time, and Jinja does not
+    # constant-fold them at compile time (where nothing could bound them).
+    intercepted_binops = frozenset({"**", "*"})
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.globals["range"] = _bounded_range
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            return _bounded_power(left, right)
+        if operator == "*":
+            return _bounded_multiply(left, right)
+        return super().call_binop(context, operator, left, right)
+
     def getattr(self, obj: Any, attribute: str) -> Any:
         # On a mapping, `.x` is the key `x` first: an output field named `items` or `keys` must
         # read the data, not the dict's method.
@@ -144,6 +242,8 @@ def _compiled(template: str, shell: bool) -> Template:
         return _env(shell).from_string(template)
     except TemplateSyntaxError as exc:
         raise TemplateError(template, exc.message or str(exc), lineno=exc.lineno) from exc
+    except (RecursionError, MemoryError) as exc:
+        raise TemplateError(template, "too deeply nested to compile") from exc
 
 
 def compile_check(
@@ -152,7 +252,11 @@ def compile_check(
     """Refuse at load a template that does not compile or starts from an unknown name."""
     _compiled(template, shell)
     env = _env(shell)
-    unknown = meta.find_undeclared_variables(env.parse(template)) - roots - set(env.globals)
+    try:
+        undeclared = meta.find_undeclared_variables(env.parse(template))
+    except (RecursionError, MemoryError) as exc:
+        raise TemplateError(template, "too deeply nested to compile") from exc
+    unknown = undeclared - roots - set(env.globals)
     if unknown:
         known = ", ".join(sorted(roots))
         names = ", ".join(repr(n) for n in sorted(unknown))
@@ -173,7 +277,19 @@ def render(template: str, context: Mapping[str, Any], *, shell: bool) -> str:
     compiled = _compiled(template, shell)
     data = dict(context)
     data["attachments"] = _Attachments(context.get("attachments") or {})
+    _LOCAL.budget = _Budget()
     try:
-        return compiled.render(data)
+        parts: list[str] = []
+        size = 0
+        for part in compiled.generate(data):
+            size += len(part)
+            if size > MAX_RENDERED_CHARS:
+                raise _TooMuchWork(f"the output is over {MAX_RENDERED_CHARS} characters")
+            parts.append(part)
+        return "".join(parts)
+    except _TooMuchWork as exc:
+        raise TemplateError(template, f"too much work: {exc}") from exc
     except Exception as exc:
         raise TemplateError(template, f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        _LOCAL.budget = None

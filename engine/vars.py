@@ -25,9 +25,9 @@ class VarsInvalid(Refusal, code="vars_invalid"):
 
 
 def _coerce(name: str, type_: str, value: Any) -> Any:
+    # A `number` is finite and within the float range (`value_fits`): `1e999` (inf), `nan` and
+    # a 400-digit int are refused, not carried into expressions as inf or an overflow.
     if value_fits(type_, value):
-        return value
-    if type_ == "number" and value_fits("int", value):
         return value
     if isinstance(value, str):
         text = value.strip()
@@ -35,14 +35,24 @@ def _coerce(name: str, type_: str, value: Any) -> Any:
             return value
         if type_ == "bool" and text.lower() in _TRUE | _FALSE:
             return text.lower() in _TRUE
-        if type_ == "int" and re.fullmatch(r"[+-]?\d+", text):
-            return int(text)
-        if type_ == "number":
-            try:
-                return float(text) if any(c in text for c in ".eE") else int(text)
-            except ValueError:
-                pass
-    raise VarsInvalid(name, f"expected {type_}, got {value!r}")
+        try:
+            if type_ == "int" and re.fullmatch(r"[+-]?\d+", text):
+                return int(text)
+            if type_ == "number":
+                number = float(text) if any(c in text for c in ".eE") else int(text)
+                if value_fits("number", number):
+                    return number
+        except ValueError:  # not a number, or past Python's int/str limit (4300 digits)
+            pass
+    raise VarsInvalid(name, f"expected {type_}, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    try:
+        shown = repr(value)
+    except ValueError:  # an int too long to print
+        return f"{type(value).__name__} (too long to show)"
+    return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
 def resolve_vars(workflow: Workflow, inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -256,9 +256,10 @@ def value_fits(type_: str, value: Any) -> bool:
     if type_ == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if type_ == "number":
-        return (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and math.isfinite(float(value))
-        )
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return False
+        try:
+            return math.isfinite(value)
+        except OverflowError:  # an int past the float range (JSON `1e400` written out)
+            return False
     return False

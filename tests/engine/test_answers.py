@@ -169,3 +169,29 @@ def test_an_uploaded_file_answer_with_a_plain_filename_is_kept() -> None:
     assert coerce_answers(questions, {"doc": answer}, from_cli=False, base_dir=None) == {
         "doc": answer
     }
+
+
+def test_a_json_number_answer_past_the_float_range_is_refused_naming_the_field() -> None:
+    with pytest.raises(AnswersInvalid) as info:
+        coerce_answers(
+            QUESTIONS, {"approved": True, "ratio": 10**400}, from_cli=False, base_dir=None
+        )
+    assert info.value.field == "ratio"
+    assert "a number" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["count", "ratio"])
+def test_a_cli_answer_past_the_int_digit_limit_is_refused_naming_the_field(name: str) -> None:
+    # 5000 digits is past Python's int/str conversion limit: `int()` raises ValueError
+    raw = {"approved": "yes", name: "9" * 5000}
+    with pytest.raises(AnswersInvalid) as info:
+        coerce_answers(QUESTIONS, raw, from_cli=True, base_dir=None)
+    assert info.value.field == name
+    assert len(str(info.value)) < 500
+
+
+def test_a_cli_number_answer_past_the_float_range_is_refused_naming_the_field() -> None:
+    raw = {"approved": "yes", "ratio": "1" + "0" * 400}
+    with pytest.raises(AnswersInvalid) as info:
+        coerce_answers(QUESTIONS, raw, from_cli=True, base_dir=None)
+    assert info.value.field == "ratio"

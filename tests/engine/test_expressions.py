@@ -103,3 +103,58 @@ def test_comprehension_variables_are_known_names() -> None:
 def test_condition_is_truthiness(ctx: dict[str, Any]) -> None:
     assert evaluate_condition("outputs.build.items", ctx) is True
     assert evaluate_condition("answers.approved", ctx) is False
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "4000000**4000000 > 1",  # operands within simpleeval's MAX_POWER, the result is not
+        '[4000000**4000000 for x in "a"*9999]',
+        "2**4097",
+        "(-3)**100000",
+    ],
+)
+def test_a_power_whose_result_is_too_large_is_refused_typed(ctx: dict[str, Any], expr: str) -> None:
+    compile_check(expr)  # nothing static is wrong with it
+    with pytest.raises(ExpressionError) as info:
+        evaluate(expr, ctx)
+    assert "over 4096 bits" in info.value.detail
+    assert info.value.expression == expr
+
+
+def test_powers_within_the_bound_still_compute(ctx: dict[str, Any]) -> None:
+    assert evaluate("2**10", ctx) == 1024
+    assert evaluate("(-3)**3", ctx) == -27
+    assert evaluate("2**-1", ctx) == 0.5
+    assert evaluate("2**4096", ctx) == 1 << 4096
+    assert evaluate("1**4000000", ctx) == 1
+
+
+def test_repetition_past_the_sequence_bound_is_refused_typed(ctx: dict[str, Any]) -> None:
+    for expr in ['"a" * 100001', "[1] * 100001", "(1,) * 100001"]:
+        with pytest.raises(ExpressionError):
+            evaluate(expr, ctx)
+    assert len(evaluate('"a" * 100000', ctx)) == 100000
+
+
+def test_an_expression_that_builds_too_much_in_all_is_refused_typed(
+    ctx: dict[str, Any],
+) -> None:
+    # Each string and the comprehension's length pass simpleeval's own per-operation bounds;
+    # together they would be ~900 MB.
+    expr = 'len(["a"*99999 for x in "a"*9000])'
+    with pytest.raises(ExpressionError) as info:
+        evaluate(expr, ctx)
+    assert "builds over" in info.value.detail
+    assert evaluate('len(["a"*999 for x in "a"*9000])', ctx) == 9000
+
+
+@pytest.mark.parametrize("expr", ["1" + "+1" * 100_000, "-" * 100_000 + "1"])
+def test_an_expression_too_deeply_nested_to_parse_is_refused_typed(
+    ctx: dict[str, Any], expr: str
+) -> None:
+    with pytest.raises(ExpressionError) as info:
+        compile_check(expr)
+    assert "too deeply nested" in info.value.detail
+    with pytest.raises(ExpressionError):
+        evaluate(expr, ctx)

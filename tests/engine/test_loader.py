@@ -414,3 +414,22 @@ def test_stored_workflow_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     for text in texts:
         loader.load_stored_workflow(text, "run")
     assert list(loader._cache) == texts[2:]
+
+
+def test_an_expression_or_template_too_deep_to_parse_is_workflow_invalid_naming_the_field() -> None:
+    text = textwrap.dedent(
+        """\
+        name: deep
+        entry: a
+        nodes:
+          a: {kind: compute, set: {x: "%s"}}
+          b: {kind: tool, run: "echo {{ %s }}"}
+        edges:
+          - {from: a, to: b, when: "%s"}
+        """
+    ) % ("-" * 100_000 + "1", "1" + "+1" * 100_000, "1" + "+1" * 100_000)
+    with pytest.raises(WorkflowInvalid) as info:
+        load_workflow(text, "examples/deep.yaml")
+    found = {(p.field, p.line) for p in info.value.problems}
+    assert found == {("nodes.a.set.x", 4), ("nodes.b.run", 5), ("edges[0].when", 7)}
+    assert all("too deeply nested" in p.message for p in info.value.problems)

@@ -85,3 +85,55 @@ def test_compile_check_refuses_unknown_roots_and_filters() -> None:
         compile_check("{{ var.x }}")
     with pytest.raises(TemplateError):
         compile_check("{{ vars.x | nosuchfilter }}")
+
+
+def test_a_huge_power_is_not_folded_at_load_and_is_refused_typed_at_render(
+    ctx: dict[str, Any],
+) -> None:
+    text = "{{ 3999999 ** 3999999 }}"
+    compile_check(text, shell=True)  # Jinja used to constant-fold it here, and hang
+    with pytest.raises(TemplateError) as info:
+        render(text, ctx, shell=True)
+    assert "over 4096 bits" in info.value.detail
+    assert render("{{ 2 ** 10 }} {{ 2 ** -1 }}", ctx, shell=False) == "1024 0.5"
+
+
+def test_repetition_past_the_sequence_bound_is_refused_typed(ctx: dict[str, Any]) -> None:
+    ctx["vars"]["big"] = 200_001
+    with pytest.raises(TemplateError) as info:
+        render('{{ "a" * vars.big }}', ctx, shell=False)
+    assert "too much work" in info.value.detail
+    with pytest.raises(TemplateError):
+        render("{{ vars.big * [1] }}", ctx, shell=False)
+    assert (
+        render('{{ "ab" * 3 }} {{ 3 * 4 }} {{ [1] * 2 }}', ctx, shell=False) == "ababab 12 [1, 1]"
+    )
+
+
+def test_range_is_bounded_per_call_and_per_render_typed(ctx: dict[str, Any]) -> None:
+    with pytest.raises(TemplateError) as info:
+        render("{% for i in range(10001) %}{% endfor %}", ctx, shell=False)
+    assert "range of 10001 items" in info.value.detail
+    nested = "{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}"
+    with pytest.raises(TemplateError) as info:
+        render(nested, ctx, shell=False)
+    assert "ranges of one render" in info.value.detail
+    # the budget is per render: a fresh render may use it all again
+    assert render("{% for i in range(10000) %}{% endfor %}ok", ctx, shell=False) == "ok"
+    assert render("{% for i in range(10000) %}{% endfor %}ok", ctx, shell=False) == "ok"
+
+
+def test_what_one_render_builds_and_outputs_is_bounded_typed(ctx: dict[str, Any]) -> None:
+    with pytest.raises(TemplateError) as info:
+        render('{% for i in range(200) %}{% set s = "a" * 99999 %}{% endfor %}', ctx, shell=False)
+    assert "`*`s make over" in info.value.detail
+    ctx["vars"]["chunk"] = "a" * 10_000
+    with pytest.raises(TemplateError) as info:
+        render("{% for i in range(2000) %}{{ vars.chunk }}{% endfor %}", ctx, shell=False)
+    assert "output is over" in info.value.detail
+
+
+def test_a_template_too_deeply_nested_to_compile_is_refused_typed() -> None:
+    with pytest.raises(TemplateError) as info:
+        compile_check("{{ " + "1+" * 100_000 + "1 }}")
+    assert "too deeply nested" in info.value.detail
