@@ -26,6 +26,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from publisher.nats_errors import NATS_ERRORS, translate_nats_error
 from publisher.wire import WireNames
 from runner.deliveries import Delivery
 from runner.metrics import RunnerMetrics
@@ -168,7 +169,8 @@ async def read_deliveries(
 ) -> list[tuple[int, DeliveryEntry]]:
     """A run's log entries after stream sequence `after`, in stream order, each with its
     sequence (to read on from). A missing stream (never ensured) reads as an empty log; an
-    entry that does not parse is skipped."""
+    entry that does not parse is skipped. NATS failing is the typed error of
+    `publisher.nats_errors` (`nats_unavailable`, `nats_timeout`, …), never a nats-py one."""
     token = subject_token(run_id)
     subject = names.delivery_subject(token)
     found: list[tuple[int, DeliveryEntry]] = []
@@ -176,8 +178,10 @@ async def read_deliveries(
     while True:
         try:
             raw = await js.get_msg(names.delivery_stream, seq, subject=subject, next=True)
-        except NotFoundError:
+        except NotFoundError:  # no message after `seq`, or no stream: the log ends here
             return found
+        except NATS_ERRORS as exc:
+            raise translate_nats_error(exc, context=f"reading run {run_id}'s delivery log") from exc
         assert raw.seq is not None
         seq = raw.seq + 1
         try:

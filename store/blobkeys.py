@@ -53,11 +53,21 @@ def _problem(key: str) -> str | None:
     return None
 
 
+SEGMENT_MAX_BYTES = 255
+"""The longest segment, in UTF-8 bytes: the file-name limit of the common filesystems (ext4,
+XFS, APFS), so a segment can always be a file (200 'é' are 200 characters but 400 bytes)."""
+
+
 def validate_segment(segment: str, *, what: str) -> str:
-    """One path segment (a file or attachment name): a valid key without '/'."""
+    """One path segment (a file or attachment name): a valid key without '/', of at most
+    `SEGMENT_MAX_BYTES` bytes in UTF-8."""
     if not isinstance(segment, str) or not segment or "/" in segment or _problem(segment):
         raise BlobKeyInvalid(
             f"{what} {segment!r} is invalid: it must be one non-empty path segment, "
             "without '/', '\\', NUL, and not '.' or '..'"
+        )
+    if len(segment.encode("utf-8", "surrogatepass")) > SEGMENT_MAX_BYTES:
+        raise BlobKeyInvalid(
+            f"{what} {segment[:40]!r}… is invalid: longer than {SEGMENT_MAX_BYTES} bytes in UTF-8"
         )
     return segment

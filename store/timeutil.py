@@ -7,6 +7,7 @@ milliseconds) and SQLite compare lease expiries in one convention. In memory the
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -73,34 +74,48 @@ UtcDatetime = Annotated[datetime, BeforeValidator(_coerce_utc)]
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_DURATION = timedelta(days=36525)
+"""The longest duration accepted: 100 years. Longer is never meant (every setting is minutes or
+days), and `now - duration` must stay a datetime: `1e300` seconds or `999999999d` would not."""
+
+
+def _number(text: str, value: Any) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 5m, 1h or seconds)") from None
 
 
 def parse_duration(value: Any) -> timedelta:
-    """`30s`, `5m`, `1h`, `250ms`, `1d`, or plain seconds (int, float or numeric text)."""
+    """`30s`, `5m`, `1h`, `250ms`, `1d`, or plain seconds (int, float or numeric text); from 0
+    to `MAX_DURATION` (100 years). Anything else is a `ValueError` naming the value."""
     if isinstance(value, timedelta):
+        if value > MAX_DURATION:
+            raise ValueError(f"duration {value} is longer than 100 years")
         return value
     if isinstance(value, bool):
         raise ValueError("a duration, not a bool")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past a float's range
+            seconds = math.inf
     else:
         text = str(value).strip().lower()
         for unit in sorted(_UNITS, key=len, reverse=True):
             if text.endswith(unit) and text[: -len(unit)].strip():
-                number = text[: -len(unit)].strip()
-                seconds = float(number) * _UNITS[unit]
+                seconds = _number(text[: -len(unit)].strip(), value) * _UNITS[unit]
                 break
         else:
-            try:
-                seconds = float(text)
-            except ValueError:
-                raise ValueError(
-                    f"{value!r} is not a duration (use e.g. 30s, 5m, 1h or seconds)"
-                ) from None
+            seconds = _number(text, value)
+    if math.isnan(seconds):
+        raise ValueError(f"{value!r} is not a duration (not a number)")
     if seconds < 0:
         raise ValueError(f"duration {value!r} is negative")
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"duration {str(value)[:40]!r} is longer than 100 years")
     return timedelta(seconds=seconds)
 
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
-"""A non-negative duration from `30s`, `5m`, `1h` or plain seconds."""
+"""A non-negative duration from `30s`, `5m`, `1h` or plain seconds, at most 100 years."""

@@ -93,7 +93,10 @@ async def list_runs(call: Call) -> RunPage:
     try:
         within = parse_duration(since) if since is not None else None
     except ValueError:
-        raise invalid(f"since: {since!r} is not accepted: expected {DURATION_FORM}") from None
+        shown = (since or "")[:40]
+        raise invalid(
+            f"since: {shown!r} is not accepted: expected {DURATION_FORM} (at most 100 years)"
+        ) from None
     page = await ops.list_runs(
         call.env,
         statuses=[RunStatus(s) for s in statuses],

@@ -41,7 +41,9 @@ class Principal:
 
 
 def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    # `surrogatepass`: a header of bytes that are not UTF-8 reaches us with lone surrogates
+    # (aiohttp decodes with `surrogateescape`); it hashes to no token's digest, never a 500.
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,10 @@ def parse_older_than(raw: str | None) -> timedelta | None:
     try:
         return parse_duration(raw) if raw is not None else None
     except ValueError:
-        raise invalid(f"older_than: {raw!r} is not accepted: expected {DURATION_FORM}") from None
+        shown = (raw or "")[:40]
+        raise invalid(
+            f"older_than: {shown!r} is not accepted: expected {DURATION_FORM} (at most 100 years)"
+        ) from None
 
 
 async def selected_ids(call: Call, selection: DlqSelection, *, purge: bool) -> list[int]:

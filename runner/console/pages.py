@@ -171,6 +171,9 @@ async def live(
                 fragments = {**await render(), "problem": ""}
             except RunfleetError as exc:
                 fragments = {"problem": fragment("_problem.html", error=exc.to_dict())}
+            except NATS_ERRORS as exc:  # one a read let through untranslated: still a problem
+                error = translate_nats_error(exc).to_dict()
+                fragments = {"problem": fragment("_problem.html", error=error)}
             changed = {k: v for k, v in fragments.items() if sent.get(k) != v}
             for name, html in changed.items():
                 await response.write(sse_event(name, html))
@@ -219,8 +222,38 @@ async def ui_middleware(request: web.Request, handler: Next) -> web.StreamRespon
     return response
 
 
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def loopback_host(host: str) -> bool:
+    """`host` (a `Host` header: a name and an optional port) names this machine's loopback."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        name, port = (host[: end + 1], host[end + 1 :]) if end >= 0 else (host, "")
+    else:
+        name, colon, digits = host.partition(":")
+        port = colon + digits
+    if port and not (port.startswith(":") and port[1:].isascii() and port[1:].isdecimal()):
+        return False
+    return name in LOOPBACK_NAMES
+
+
 async def _guarded(request: web.Request, handler: Next, logged_in: bool) -> web.StreamResponse:
     open_path = request.path in (f"{PREFIX}/login",) or request.path.startswith(f"{PREFIX}/static/")
+    if request.app[OPEN_READS] and not loopback_host(request.host):
+        # Reads need no login because only this machine can connect; a page of another site
+        # whose name resolves to 127.0.0.1 (DNS rebinding) connects too, under its own name.
+        return _error_page(
+            request,
+            403,
+            {
+                "code": "host_not_loopback",
+                "message": "this console answers only to a loopback host name,"
+                f" not {request.host[:100]!r}",
+                "remedy": "open it as http://127.0.0.1:<port>/ or http://localhost:<port>/",
+            },
+        )
     try:
         if not logged_in and not request.app[OPEN_READS] and not open_path:
             return redirect(f"{PREFIX}/login")

@@ -130,6 +130,8 @@ async def parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
         data = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError):
         raise invalid("the body is not JSON", "send a JSON object") from None
+    except RecursionError:  # `[[[[…` deeper than the parser's stack
+        raise invalid("the body's JSON is nested too deeply", "send a JSON object") from None
     if not isinstance(data, dict):
         raise invalid("the body is not a JSON object", "send a JSON object")
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
@@ -25,6 +26,7 @@ from store import RunfleetError
 
 KEEPALIVE_S = 15.0
 KEEPALIVE = b": keep-alive\n\n"
+_ASCII_DIGITS = re.compile(f"[0-9]{{1,{len(str(MAX_SEQ))}}}")
 
 T = TypeVar("T")
 
@@ -67,7 +69,9 @@ async def with_heartbeat(source: AsyncIterator[T], every: float) -> AsyncIterato
 def start_after(call: Call) -> int:
     after = call.query_int("after", 0, 0, MAX_SEQ)
     last_id = call.request.headers.get("Last-Event-ID", "")
-    if last_id.isdigit() and int(last_id) <= MAX_SEQ:
+    # ASCII digits only (`str.isdigit` also takes '²'), and no longer than MAX_SEQ's: anything
+    # else is not an id this stream sent, and reads as absent.
+    if _ASCII_DIGITS.fullmatch(last_id) and int(last_id) <= MAX_SEQ:
         after = max(after, int(last_id))
     return after
 

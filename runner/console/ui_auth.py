@@ -37,7 +37,7 @@ FLASH_MAX = 500
 
 def token_digest(token: str) -> str:
     """A token's key in the `TokenBook` (its SHA-256, as `auth` computes it)."""
-    return hashlib.sha256(token.encode()).hexdigest()
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass
@@ -122,10 +122,10 @@ class SessionSigner:
     def load(self, raw: str | None) -> Session | None:
         """The session a cookie holds; None when there is none, or it is forged, expired or
         malformed (then the browser starts a new anonymous one)."""
-        if not raw or "." not in raw:
-            return None
+        if not raw or "." not in raw or not raw.isascii():
+            return None  # the cookie this writes is ASCII; anything else is not one of ours
         payload, _, signature = raw.rpartition(".")
-        if not hmac.compare_digest(self._sign(payload), signature):
+        if not hmac.compare_digest(self._sign(payload).encode(), signature.encode()):
             return None
         try:
             body = json.loads(_unb64(payload))
@@ -156,5 +156,11 @@ def set_cookie(response: web.StreamResponse, value: str, secure: bool) -> None:
     )
 
 
+def _bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
 def csrf_ok(session: Session, given: str | None) -> bool:
-    return given is not None and hmac.compare_digest(session.csrf, given)
+    """`given` is the session's CSRF token (compared in constant time, as bytes:
+    `compare_digest` refuses a str that is not ASCII, and a form field can be anything)."""
+    return given is not None and hmac.compare_digest(_bytes(session.csrf), _bytes(given))

@@ -77,7 +77,10 @@ def _filters(request: web.Request) -> dict[str, Any]:
     try:
         within = parse_duration(since) if since else None
     except ValueError:
-        raise invalid(f"since: {since!r} is not accepted: expected {DURATION_FORM}") from None
+        shown = (since or "")[:40]
+        raise invalid(
+            f"since: {shown!r} is not accepted: expected {DURATION_FORM} (at most 100 years)"
+        ) from None
     return {
         "statuses": [RunStatus(s) for s in statuses],
         "failure_codes": [c for c in query.getall("code", []) if c],

@@ -25,6 +25,8 @@ from runner.console.models import UploadFileOut, UploadOut
 from runner.console.routing import Call, Param, Reply, Route, invalid
 from runner.operations import uploads as upload_ops
 from store import RunDocument
+from store.blobkeys import validate_segment
+from store.errors import BlobKeyInvalid
 
 CHUNK = 256 * 1024
 FILENAME_MAX = 255
@@ -35,9 +37,12 @@ def filename_of(raw: str | None) -> str:
     name = (raw or "upload").strip()
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise invalid(f"filename: {name[:40]!r} is not a file name", "give a bare file name")
-    if len(name) > FILENAME_MAX:
-        raise invalid(f"filename: longer than {FILENAME_MAX} characters")
-    return name
+    if len(name) > FILENAME_MAX or len(name.encode("utf-8", "surrogatepass")) > FILENAME_MAX:
+        raise invalid(f"filename: longer than {FILENAME_MAX} characters or UTF-8 bytes")
+    try:
+        return validate_segment(name, what="filename")
+    except BlobKeyInvalid as exc:
+        raise invalid(exc.message, "give a bare file name") from None
 
 
 async def upload(call: Call) -> Reply:

@@ -3,6 +3,7 @@ error body and codes, unreachable infrastructure as 503 with `Retry-After`, one 
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 
@@ -119,3 +120,66 @@ async def test_unknown_routes_and_methods_answer_the_error_shape(api: Api) -> No
     assert status == 400 and body["error"]["code"] == "invalid_request"
     status, body, _ = await api.call("GET", "/api/v1/dlq/abc", template="/api/v1/dlq/{record_id}")
     assert status == 400 and body["error"]["code"] == "invalid_request"
+
+
+async def raw_http(api: Api, request: bytes) -> bytes:
+    """Send `request` as bytes on a socket (a client library would refuse or re-encode what a
+    test needs to send) and return the start of the answer."""
+    reader, writer = await asyncio.open_connection(api.client.server.host, api.client.server.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await reader.read(4096)
+    finally:
+        writer.close()
+
+
+async def test_a_duration_too_large_to_represent_is_a_typed_400(api: Api) -> None:
+    """`since` and `older_than` past 100 years (`1e300` seconds, `999999d`) would overflow
+    `now - duration`: refused as the malformed duration they are, never a 500."""
+    for path, template in (
+        ("/api/v1/runs?since=1e300", "/api/v1/runs"),
+        ("/api/v1/runs?since=999999d", "/api/v1/runs"),
+        ("/api/v1/dlq?older_than=1e300", "/api/v1/dlq"),
+    ):
+        status, body, _ = await api.call("GET", path, template=template)
+        assert status == 400 and body["error"]["code"] == "invalid_request", (path, body)
+        assert "at most 100 years" in body["error"]["message"]
+    status, body, _ = await api.call(
+        "POST", "/api/v1/dlq/purge", json={"all": True, "older_than": "1e300"}
+    )
+    assert status == 400 and body["error"]["code"] == "invalid_request", body
+
+
+async def test_a_bearer_token_that_is_not_utf8_is_a_plain_401(api: Api) -> None:
+    answer = await raw_http(
+        api,
+        b"GET /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \xff\xfe\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
+    assert b'"unauthorized"' in answer
+
+
+async def test_a_body_nested_too_deeply_is_the_typed_400_for_malformed_json(api: Api) -> None:
+    """200 000 `[`: past the JSON parser's stack (`RecursionError`), which is the body not
+    reading as JSON like any other."""
+    depth = 200_000
+    body = b'{"workflow": ' + b"[" * depth + b"]" * depth + b"}"
+    status, answer, _ = await api.call(
+        "POST", "/api/v1/runs", data=body, headers={"Content-Type": "application/json"}
+    )
+    assert status == 400 and answer["error"]["code"] == "invalid_request", answer
+
+
+async def test_a_last_event_id_that_is_not_ascii_digits_reads_as_absent(api: Api) -> None:
+    """`'²'.isdigit()` is true and `int('²')` fails: only ASCII digits (no longer than the
+    largest seq) are a `Last-Event-ID`; anything else is ignored, as other malformed ids are."""
+    run = await put_run(api.fleet.store, status=RunStatus.FINISHED)
+    path = f"/api/v1/runs/{run.run_id}/events/stream"
+    for last_id in ("²".encode().decode("latin-1"), "9" * 5000, "-1", "x"):
+        resp = await api.client.get(
+            path, headers={"Authorization": f"Bearer {OP_A}", "Last-Event-ID": last_id}
+        )
+        text = await resp.text()
+        assert resp.status == 200, (last_id[:10], text[:300])
+        assert text.startswith("event: end"), text[:300]

@@ -101,6 +101,19 @@ async def test_an_upload_filename_with_a_directory_is_refused(api: Api) -> None:
     assert status == 400 and body["error"]["code"] == "invalid_request"
 
 
+async def test_an_upload_filename_over_255_utf8_bytes_is_refused_like_any_bad_name(
+    api: Api,
+) -> None:
+    """200 'é' are under the 255-character check but 400 bytes, past the filesystem's name
+    limit: the typed 400 of a bad file name, not `ENAMETOOLONG` as a 500."""
+    status, body, _ = await api.call(
+        "POST", "/api/v1/uploads", params={"filename": "é" * 200}, data=b"x"
+    )
+    assert status == 400 and body["error"]["code"] == "invalid_request", body
+    assert "255" in body["error"]["message"]
+    assert (await upload(api, b"x", filename="é" * 127))["files"][0]["filename"] == "é" * 127
+
+
 ASKS_FILE = """\
 name: asks_file
 entry: ask

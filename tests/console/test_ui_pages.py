@@ -10,14 +10,21 @@ import fnmatch
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import nats.errors
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from nats.js import JetStreamContext
 
 from publisher import DlqStore
-from runner.console import Principal, TokenBook, create_app
+from publisher.errors import NatsUnavailable
+from runner.console import Principal, TokenBook, create_app, ui_runs
+from runner.console.pages import loopback_host
+from runner.delivery_log import read_deliveries
 from store import Checkpoint, RunStatus, StagedFile
 from tests.console.conftest import OP_A, OP_B, READ_A, TOKENS, Api
+from tests.console.test_api_errors import raw_http
 from tests.console.test_api_uploads import paused_on_a_file_question, upload
 from tests.publisher.conftest import put_run
 
@@ -367,3 +374,123 @@ async def test_console_a_file_question_is_answered_by_an_upload_id_never_a_serve
     done = await api.fleet.wait_status(run_id, "finished")
     assert done.checkpoint is not None
     assert done.checkpoint.outputs["show_doc"] == "answered by upload"
+
+
+async def test_console_a_duration_too_large_to_represent_is_a_400_page(api: Api) -> None:
+    """`1e300` seconds would overflow `now - since` or a raised cap: the filter's or the
+    form's 400, never a 500 page."""
+    for path in ("/ui/runs?since=1e300", "/ui/runs?since=999999d", "/ui/dlq?older_than=1e300"):
+        status, html = await get_html(api.client, path)
+        assert status == 400 and "invalid_request" in html, (path, html[:300])
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    await log_in(api.client, OP_A)
+    csrf = await csrf_of(api.client, f"/ui/runs/{run.run_id}")
+    resp = await api.client.post(
+        f"/ui/runs/{run.run_id}/resume", data={"csrf": csrf, "max_duration": "1e300"}
+    )
+    assert resp.status == 400 and "longer than 100 years" in await resp.text()
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.PAUSED_OPERATOR
+
+
+async def test_console_a_csrf_token_that_is_not_ascii_is_a_plain_403(api: Api) -> None:
+    """`hmac.compare_digest` refuses a str that is not ASCII: the check compares bytes, so a
+    form's `csrf=é` is the stale-token 403 like any other wrong token."""
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    await log_in(api.client, OP_A)
+    resp = await api.client.post(f"/ui/runs/{run.run_id}/cancel", data={"csrf": "é"})
+    assert resp.status == 403 and "csrf" in await resp.text()
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.PAUSED_OPERATOR
+
+
+async def test_console_a_session_cookie_that_is_not_ascii_is_not_a_login(api: Api) -> None:
+    """A cookie this console never wrote (a signature or payload that is not ASCII, or not
+    UTF-8 at all) is no session: the page shows, not logged in, never a 500."""
+    for cookie in ("abc.é".encode(), b"\xff\xfe.abc", b"abc.\xff"):
+        answer = await raw_http(
+            api,
+            b"GET /ui/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            b"Cookie: runfleet_session=" + cookie + b"\r\n\r\n",
+        )
+        assert answer.startswith(b"HTTP/1.1 200 "), (cookie, answer[:300])
+
+
+async def test_console_live_run_page_shows_the_problem_and_keeps_trying_when_nats_fails(
+    api: Api, monkeypatch: Any
+) -> None:
+    """A nats-py error out of a render (the delivery log's read) is the `problem` fragment,
+    and the stream keeps rendering: once NATS answers again the problem is cleared."""
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    real = ui_runs.read_deliveries
+    nats_down = asyncio.Event()
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if nats_down.is_set():
+            raise nats.errors.ConnectionClosedError()
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(ui_runs, "read_deliveries", flaky)
+    async with api.client.get(f"/ui/runs/{run.run_id}/live") as resp:
+        assert await read_event(resp, "problem", "") == ""  # the first render: no problem
+        nats_down.set()
+        problem = await read_event(resp, "problem", "nats_unavailable")
+        assert "retrying" in problem
+        nats_down.clear()
+        assert await read_event(resp, "problem", "") == ""  # it kept trying, and it works
+
+
+async def test_console_the_delivery_log_read_raises_the_typed_nats_error(api: Api) -> None:
+    """`read_deliveries` translates nats-py's errors at its boundary (`publisher.nats_errors`),
+    so every caller meets `nats_unavailable`, `nats_timeout`, … and never a raw nats type."""
+
+    class DownJetStream:
+        async def get_msg(self, *args: Any, **kwargs: Any) -> Any:
+            raise nats.errors.ConnectionClosedError()
+
+    with pytest.raises(NatsUnavailable, match="delivery log"):
+        await read_deliveries(cast(JetStreamContext, DownJetStream()), api.fleet.names, "some-run")
+
+
+def test_console_loopback_host_accepts_only_loopback_names_with_any_port() -> None:
+    for host in ("127.0.0.1", "127.0.0.1:8470", "localhost", "LOCALHOST:1", "[::1]", "[::1]:80"):
+        assert loopback_host(host), host
+    for host in (
+        "evil.example",
+        "evil.example:8470",
+        "127.0.0.1.evil.example",
+        "localhost.evil.example:8470",
+        "127.0.0.1:80:80",
+        "127.0.0.1:x",
+        "[::1]x",
+        "[::2]:80",
+        "",
+    ):
+        assert not loopback_host(host), host
+
+
+async def test_console_open_reads_refuse_a_host_that_is_not_loopback(api: Api) -> None:
+    """DNS rebinding: a page on evil.example whose name resolves to 127.0.0.1 reaches the
+    loopback console under its own Host. Reads need no login there only because nobody else
+    can connect, so a Host that is not a loopback name is refused (typed 403); the test client
+    itself (Host 127.0.0.1:<port>) and `localhost` are not."""
+    await put_run(api.env.store, status=RunStatus.FINISHED)
+    for host in (b"evil.example:8470", b"evil.example", b"10.0.0.1"):
+        answer = await raw_http(
+            api, b"GET /ui/runs HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n"
+        )
+        assert answer.startswith(b"HTTP/1.1 403 "), (host, answer[:300])
+        assert b"host_not_loopback" in answer
+    for host in (b"localhost:8470", b"[::1]:8470"):
+        answer = await raw_http(
+            api, b"GET /ui/runs HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n"
+        )
+        assert answer.startswith(b"HTTP/1.1 200 "), (host, answer[:300])
+    status, _ = await get_html(api.client, "/ui/runs")
+    assert status == 200
+    # Bound beyond loopback every read needs a login anyway: the rule is not needed there.
+    async with TestClient(TestServer(create_app(api.env, TOKENS, open_reads=False))) as client:
+        reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+        writer.write(b"GET /ui/runs HTTP/1.1\r\nHost: console.example\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read(4096)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 303 "), answer[:300]

@@ -299,6 +299,17 @@ async def test_stage_refuses_names_it_cannot_store(
     assert await blobs.list("") == []
 
 
+async def test_a_name_over_255_utf8_bytes_is_refused_before_any_byte_moves(
+    staging: StagingStore, blobs: BlobStore, tmp_path: Path
+) -> None:
+    """200 'é' are 200 characters but 400 bytes: past every common filesystem's name limit,
+    so refused as a name (`blobkeys.validate_segment`), not an `OSError` half-way through."""
+    (tmp_path / "a.txt").write_text("a")
+    with pytest.raises(StagedUploadInvalid, match="longer than 255 bytes"):
+        await staging.stage("acme", {"é" * 200: tmp_path / "a.txt"})
+    assert await blobs.list("") == []
+
+
 async def test_a_failed_stage_leaves_no_bytes_and_no_record(
     staging: StagingStore,
     runs: SqliteRunStore,
