@@ -52,8 +52,10 @@ def read_answers_file(
         return {}
     try:
         loaded = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        # ValueError: not JSON, not UTF-8, or an int past Python's 4 300-digit limit (which
+        # `json` raises outside JSONDecodeError); RecursionError: nested too deeply.
+        raise click.BadParameter(str(exc)[:200], ctx=ctx, param=param) from exc
     if not isinstance(loaded, dict):
         raise click.BadParameter("must hold a JSON object", ctx=ctx, param=param)
     return loaded

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from runner.cli.main import cli
 
@@ -112,3 +113,20 @@ def test_runs_lists_newest_first_with_started_duration_workflow_origin_and_a_wor
     first = json.loads(runfleet(tmp_path, "runs", "--limit", "1", "--json").stdout)
     older = runfleet(tmp_path, "runs", "--limit", "5", "--after", first["next_after"], "--json")
     assert [r["run_id"] for r in json.loads(older.stdout)["runs"]] == made[1::-1]
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"n": ' + "9" * 5000 + "}", "[" * 100_000, "\xff not json", '["a list"]'],
+)
+def test_an_answers_file_that_is_not_a_json_object_is_a_usage_error(
+    tmp_path: Path, content: str
+) -> None:
+    """Found by review: a JSON integer past Python's 4 300-digit limit is a `ValueError` that
+    is not a `JSONDecodeError`, and escaped as an internal error. Every unreadable answers
+    file is a usage error (exit 2) naming the option."""
+    answers = tmp_path / "answers.json"
+    answers.write_text(content)
+    result = CliRunner().invoke(cli, ["resume", "some-run", "--answers-file", str(answers)])
+    assert result.exit_code == 2, result.output
+    assert "--answers-file" in result.output
