@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import logging
 import shutil
+import tarfile
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -38,7 +41,7 @@ from engine.events import EventLog
 from engine.failures import FailureCode
 from engine.fencing import FencedWriter, LeaseLost
 from engine.outcome import Failed
-from engine.sandbox.errors import SandboxError
+from engine.sandbox.errors import SandboxArchiveInvalid, SandboxError
 from engine.sandbox.protocols import Sandbox
 from engine.workflow import SANDBOX_KINDS
 from store import (
@@ -204,15 +207,32 @@ def _empty_dir(path: Path) -> None:
 
 
 def _gunzip(src: Path, dest: Path) -> None:
-    with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
-        shutil.copyfileobj(fin, fout, 1024 * 1024)
+    """The bank as a plain tar for `copy_in`. `check_archive` read the same file to its trailer
+    first; a stream that still does not decompress is the bank's corruption, never a transient
+    read (`ArchiveRefused`, as the host-dir path's `safe_extract` says it)."""
+    try:
+        with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1024 * 1024)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise ArchiveRefused(f"not a readable gzip tar: corrupt: {exc}") from exc
 
 
-def _untar(src: Path, dest: Path) -> None:
-    import tarfile
+def _portable(member: tarfile.TarInfo, dest: str, skipped: list[str]) -> tarfile.TarInfo | None:
+    """The `data` filter, except that a device, fifo or socket is skipped (named in `skipped`)
+    rather than failing the whole copy: what `make_archive` does on a host-backed scratch."""
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        skipped.append(member.name)
+        return None
+    return tarfile.data_filter(member, dest)
 
+
+def _untar(src: Path, dest: Path) -> list[str]:
+    """Extracts the plain tar a sandbox's `copy_out` made into `dest`; returns the special
+    files it skipped."""
+    skipped: list[str] = []
     with tarfile.open(src, "r:") as tar:
-        tar.extractall(dest, filter="data")
+        tar.extractall(dest, filter=functools.partial(_portable, skipped=skipped))
+    return skipped
 
 
 class ScratchBank:
@@ -343,7 +363,15 @@ class ScratchBank:
             _empty_dir(source)
             plain = tmp / "copied.tar"
             await sandbox.copy_out(self.sandbox_scratch, plain)
-            await asyncio.to_thread(_untar, plain, source)
+            skipped = await asyncio.to_thread(_untar, plain, source)
+            if skipped:
+                log.info(
+                    "run %s: %d special file(s) in the sandbox scratch not banked (devices, "
+                    "fifos and sockets are skipped, as on a host-backed scratch): %s",
+                    self.run_id,
+                    len(skipped),
+                    ", ".join(skipped[:10]) + (", ..." if len(skipped) > 10 else ""),
+                )
         for _ in range(RACE_RETRIES + 1):
             stats = await asyncio.to_thread(
                 make_archive, source, archive, level=BANK_GZIP_LEVEL, cap_bytes=self.cap_bytes
@@ -388,8 +416,9 @@ class ScratchBank:
     async def restore(
         self, sandbox: Sandbox, rec: ScratchRecord, *, host_dir: bool, stale: bool
     ) -> Failed | None:
-        """§7.4: the banked archive checked on the host, then extracted into an emptied scratch.
-        Gone or refused → `SCRATCH_NOT_PORTABLE` (held); a read that broke →
+        """§7.4: the banked archive checked on the host (read to its gzip trailer), then
+        extracted into an emptied scratch. Gone, corrupt or refused → `SCRATCH_NOT_PORTABLE`
+        (held), on either path (host dir or copy in); a read that broke →
         `SCRATCH_RESTORE_FAILED` (transient). Says `sandbox_scratch_restored`."""
         assert rec.key is not None
         with _host_temp() as tmp:
@@ -404,7 +433,7 @@ class ScratchBank:
                 restored = await self._extract(sandbox, archive, tmp, host_dir)
             except BlobNotFound as exc:
                 failed = Failed(FailureCode.SCRATCH_NOT_PORTABLE, f"the bank is gone: {exc}")
-            except ArchiveRefused as exc:
+            except (ArchiveRefused, SandboxArchiveInvalid) as exc:  # corrupt or unsafe: held
                 failed = Failed(FailureCode.SCRATCH_NOT_PORTABLE, f"the bank is refused: {exc}")
             except (StoreError, OSError, SandboxError) as exc:
                 failed = Failed(

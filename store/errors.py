@@ -65,6 +65,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── RunNotResumable                     run_not_resumable
         ├── ScratchNotPortable                  scratch_not_portable
         ├── WorkflowSourceChanged               workflow_source_changed
+        ├── SourceLacksRestartNode              source_lacks_restart_node
         ├── BudgetBelowConsumed                 budget_below_consumed
         ├── RunBusy                             run_busy
         ├── RewindRefused                       rewind_refused

@@ -234,3 +234,102 @@ def test_a_directory_that_does_not_exist_is_an_empty_archive(tmp_path: Path) -> 
     stats = make_archive(tmp_path / "never-made", tmp_path / "out.tgz", level=1)
     assert stats.empty and stats.members == 0
     check_archive(tmp_path / "out.tgz")
+
+
+def _bank_of_five(tmp_path: Path) -> tuple[Path, Path]:
+    """A bank of five incompressible 2000-byte files (stored, not deflated: a flipped byte
+    changes data, not the deflate structure) and its source directory."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        (src / f"f{i}.bin").write_bytes(os.urandom(2000))
+    archive = tmp_path / "bank.tgz"
+    make_archive(src, archive, level=1)
+    return src, archive
+
+
+@pytest.mark.parametrize("where", [-8, -5, -4, -1], ids=["crc", "crc-high", "length", "len-high"])
+def test_a_bank_whose_gzip_trailer_is_corrupt_is_refused_as_corrupt(
+    tmp_path: Path, where: int
+) -> None:
+    _, archive = _bank_of_five(tmp_path)
+    data = bytearray(archive.read_bytes())
+    data[where] ^= 0xFF
+    bad = tmp_path / "bad.tgz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArchiveRefused, match="corrupt"):
+        check_archive(bad)
+    with pytest.raises(ArchiveRefused, match="corrupt"):
+        safe_extract(bad, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("cut", [1, 4, 8])
+def test_a_bank_whose_gzip_trailer_is_cut_off_is_refused_as_corrupt(
+    tmp_path: Path, cut: int
+) -> None:
+    _, archive = _bank_of_five(tmp_path)
+    bad = tmp_path / "cut.tgz"
+    bad.write_bytes(archive.read_bytes()[:-cut])
+    with pytest.raises(ArchiveRefused, match="corrupt"):
+        check_archive(bad)
+
+
+def test_a_bad_tar_header_after_the_first_is_refused_not_read_as_a_shorter_archive(
+    tmp_path: Path,
+) -> None:
+    _, archive = _bank_of_five(tmp_path)
+    raw = bytearray(gzip.decompress(archive.read_bytes()))
+    second = 512 + 2048  # the first member's header and its data, padded to whole blocks
+    raw[second + 148 : second + 156] = b"0000000\x00"  # the second header's checksum, wrong
+    bad = tmp_path / "bad.tgz"
+    bad.write_bytes(gzip.compress(bytes(raw)))  # a sound gzip stream of a broken tar
+    with pytest.raises(ArchiveRefused, match="corrupt"):
+        check_archive(bad)
+    with pytest.raises(ArchiveRefused, match="corrupt"):
+        safe_extract(bad, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()  # not one file of the five written
+
+
+def test_a_tar_whose_last_member_is_cut_short_is_refused(tmp_path: Path) -> None:
+    _, archive = _bank_of_five(tmp_path)
+    raw = gzip.decompress(archive.read_bytes())
+    cut = tmp_path / "cut.tgz"
+    cut.write_bytes(gzip.compress(raw[: 4 * 2560 + 512 + 1000]))  # inside the fifth file's data
+    with pytest.raises(ArchiveRefused):
+        check_archive(cut)
+
+
+def test_a_flipped_byte_anywhere_in_a_bank_is_refused_never_restored_silently_wrong(
+    tmp_path: Path,
+) -> None:
+    src, archive = _bank_of_five(tmp_path)
+    good = archive.read_bytes()
+    want = {p.name: p.read_bytes() for p in src.iterdir()}
+    for pos in range(10, len(good), 11):  # past the 10-byte gzip header, to the trailer's end
+        data = bytearray(good)
+        data[pos] ^= 0x01
+        bad = tmp_path / "flip.tgz"
+        bad.write_bytes(bytes(data))
+        dest = tmp_path / f"out-{pos}"
+        try:
+            safe_extract(bad, dest)
+        except ArchiveRefused:
+            continue
+        got = {p.name: p.read_bytes() for p in dest.iterdir()}
+        assert got == want, f"a flip at byte {pos} restored silently wrong"
+
+
+def test_a_gzip_padded_with_zeros_or_in_two_members_still_opens_whole(tmp_path: Path) -> None:
+    src, archive = _bank_of_five(tmp_path)
+    raw = gzip.decompress(archive.read_bytes())
+    half = 3 * 2560
+    for name, data in {
+        "padded.tgz": archive.read_bytes() + bytes(1024),
+        "two.tgz": gzip.compress(raw[:half]) + gzip.compress(raw[half:]),
+    }.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        dest = tmp_path / f"out-{name}"
+        assert safe_extract(path, dest) == 5 * 2000
+        assert _tree(dest) == _tree(src)

@@ -564,3 +564,102 @@ def _bank_for(execution: Execution, blobs: FlakyBlobs, host_scratch: Path, **kw:
         host_scratch=host_scratch,
         **kw,
     )
+
+
+class _Said:
+    """The event log a bare `ScratchBank` speaks to: what it said, in order."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, dict[str, Any]]] = []
+
+    def draft(self, type: str, **data: Any) -> tuple[str, dict[str, Any]]:
+        self.said.append((type, data))
+        return (type, data)
+
+    async def emit(self, type: str, **data: Any) -> None:
+        self.said.append((type, data))
+
+
+class _Records:
+    """The fenced writer of a bare `ScratchBank`: the scratch records it wrote."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    async def write_record(self, fields: dict[str, Any], *, events: Any = ()) -> None:
+        self.records.append(fields["scratch"])
+
+
+class _CopySandbox:
+    """A sandbox without a host scratch (a pod's path): what it was asked to copy in."""
+
+    def __init__(self) -> None:
+        self.copied_in: list[Path] = []
+
+    async def copy_in(self, tar: Path, dest_dir: Path) -> None:
+        self.copied_in.append(dest_dir)
+
+
+def _flip_crc(data: bytes) -> bytes:
+    return data[:-8] + bytes([data[-8] ^ 0xFF]) + data[-7:]
+
+
+def _bad_second_header(data: bytes) -> bytes:
+    import gzip
+
+    raw = bytearray(gzip.decompress(data))
+    raw[2560 + 148 : 2560 + 156] = b"0000000\x00"  # the second member's checksum, wrong
+    return gzip.compress(bytes(raw))
+
+
+CORRUPTIONS = {
+    "crc": _flip_crc,
+    "cut-trailer": lambda data: data[:-8],
+    "cut-crc": lambda data: data[:-5],
+    "bad-second-header": _bad_second_header,
+}
+
+
+@pytest.mark.parametrize("corrupt", sorted(CORRUPTIONS))
+@pytest.mark.parametrize("host_dir", [True, False], ids=["host-dir", "copy-in"])
+async def test_a_corrupt_bank_parks_scratch_not_portable_on_either_restore_path(
+    tmp_path: Path, host_dir: bool, corrupt: str
+) -> None:
+    """A bank that cannot be restored as it was made (a gzip trailer cut off or disagreeing, a
+    tar that stops at a bad header) is refused `SCRATCH_NOT_PORTABLE` — held, not transient —
+    whether the scratch is a host directory or is copied into a pod, and nothing is written."""
+    from engine.scratch import ScratchBank
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"f{i}.bin").write_bytes(os.urandom(2000))
+    archive = tmp_path / "bank.tgz"
+    make_archive(src, archive, level=1)
+    blobs = FilesystemBlobStore(tmp_path / "blobs")
+    key = "runs/r1/scratch/t0.tgz"
+    await blobs.put_bytes(key, CORRUPTIONS[corrupt](archive.read_bytes()))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "left").write_text("as it was")
+    said = _Said()
+    bank = ScratchBank(
+        run_id="r1",
+        token="t1",
+        blobs=blobs,
+        writer=_Records(),  # type: ignore[arg-type]
+        events=said,  # type: ignore[arg-type]
+        cap_bytes=1 << 20,
+        budget_s=30,
+        host_scratch=scratch,
+    )
+    sandbox = _CopySandbox()
+    rec = ScratchRecord(state="banked", key=key, bytes=1, progress=1)
+    failed = await bank.restore(sandbox, rec, host_dir=host_dir, stale=False)  # type: ignore[arg-type]
+    assert failed is not None and failed.code == FailureCode.SCRATCH_NOT_PORTABLE, failed
+    assert "corrupt" in failed.error
+    assert sandbox.copied_in == []  # refused before a byte went in
+    assert tree(scratch) == {"left": b"as it was"}
+    [(kind, data)] = said.said
+    assert kind == "sandbox_scratch_restored" and data["restored"] is False
+    assert data["reason"] == failed.error

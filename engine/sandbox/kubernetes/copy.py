@@ -22,12 +22,21 @@ __all__ = ["copy_in", "copy_out"]
 
 
 async def copy_in(
-    api: CoreV1Api, namespace: str, pod: str, container: str, tar_path: Path, dest_dir: str
+    api: CoreV1Api,
+    namespace: str,
+    pod: str,
+    container: str,
+    tar_path: Path,
+    dest_dir: str,
+    *,
+    timeout_s: float | None = None,
 ) -> None:
     """Extract the host tar `tar_path` (plain or gzip) into `dest_dir` in the pod, creating it,
     by streaming it to `tar -x` over stdin. The archive is checked on the host first: a member
     that would escape `dest_dir`, a device file or an absolute link is `SandboxArchiveInvalid`
-    and nothing is sent; a failure on the way or of the pod's tar is `SandboxCopyFailed`."""
+    and nothing is sent; a failure on the way or of the pod's tar is `SandboxCopyFailed`, and
+    so is a copy (the exec, the stream and the pod's `tar -x`) not done within `timeout_s`
+    (`None`: the caller bounds it, as the driver's seed phase does)."""
     gzipped = await asyncio.to_thread(_check_archive, tar_path)
     script = 'mkdir -p -- "$1" && exec tar -x -f - -C "$1" ' + ("-z" if gzipped else "")
     argv = ["sh", "-c", script.strip(), "runfleet-copy-in", dest_dir]
@@ -37,10 +46,15 @@ async def copy_in(
         raise SandboxCopyFailed(f"cannot read {tar_path}: {e}") from e
     try:
         result = await exec_raw(
-            api, namespace, pod, container, argv, None, None, _chunks(handle, tar_path)
+            api, namespace, pod, container, argv, timeout_s, None, _chunks(handle, tar_path)
         )
     finally:
         handle.close()
+    if result.timed_out:  # abandoned by `exec_raw`: its stream is closed
+        raise SandboxCopyFailed(
+            f"tar in pod {namespace}/{pod} did not extract {tar_path.name} into {dest_dir} "
+            f"within its {timeout_s:g}s budget"
+        )
     if result.exit_code != 0:
         raise SandboxCopyFailed(
             f"tar in pod {namespace}/{pod} could not extract {tar_path.name} into {dest_dir} "

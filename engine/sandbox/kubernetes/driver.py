@@ -318,19 +318,29 @@ class KubernetesSandboxDriver:
                 f"sandbox pod {name}: delete refused: {exc.status} {exc.reason}"
             ) from exc
         deadline = time.monotonic() + self.settings.gone_timeout_s
+        unanswered = ""
         while time.monotonic() < deadline:
             try:
-                pod = await api.read_namespaced_pod(name, self.settings.namespace)
+                pod = await api.read_namespaced_pod(
+                    name, self.settings.namespace, _request_timeout=_REQUEST_TIMEOUT_S
+                )
             except ApiException as exc:
                 if exc.status == 404:
                     return True
                 raise SandboxError(f"sandbox pod {name}: {exc.status} {exc.reason}") from exc
-            if uid and pod.metadata is not None and pod.metadata.uid != uid:
-                return True  # ours is gone; the name was taken again
+            except _UNREACHABLE as exc:  # asked again until the deadline, as `_read` does
+                if not unanswered:
+                    log.warning("sandbox pod %s: read after its delete failed: %r", name, exc)
+                unanswered = f" (its reads not answered: {exc!r})"
+            else:
+                unanswered = ""
+                if uid and pod.metadata is not None and pod.metadata.uid != uid:
+                    return True  # ours is gone; the name was taken again
             await asyncio.sleep(self._poll_s)
-        raise SandboxError(
-            f"sandbox pod {name}: still there {self.settings.gone_timeout_s:g}s after its delete"
-        )
+        waited = f"{self.settings.gone_timeout_s:g}s after its delete"
+        if unanswered:
+            raise SandboxError(f"sandbox pod {name}: not confirmed gone {waited}{unanswered}")
+        raise SandboxError(f"sandbox pod {name}: still there {waited}")
 
     async def _pods(self, run_id: str | None = None) -> list[V1Pod]:
         """runfleet's live sandbox pods (of `run_id`), filtered client-side as well."""

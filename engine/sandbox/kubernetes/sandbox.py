@@ -196,9 +196,17 @@ class KubernetesSandbox:
         )
 
     async def copy_in(self, tar: Path, dest_dir: Path) -> None:
+        """A copy in (the scratch's restore) is bounded as a seed is: by the seed budget
+        (`RUNFLEET_SANDBOX_SEED_BUDGET`); a stalled `tar -x` is `SandboxCopyFailed`."""
         await self._guarded(
             pod_copy.copy_in(
-                self._api, self._namespace, self._name, CONTAINER, tar, sandbox_path(dest_dir)
+                self._api,
+                self._namespace,
+                self._name,
+                CONTAINER,
+                tar,
+                sandbox_path(dest_dir),
+                timeout_s=self._driver.settings.budgets.seed_s,
             )
         )
 

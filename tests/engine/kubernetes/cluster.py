@@ -170,3 +170,32 @@ def _end_lingering_streams() -> None:
     for task in asyncio.all_tasks():
         if task.get_coro().__qualname__ == "RequestHandler._handle_request":  # type: ignore[union-attr]
             task.cancel()
+
+
+@contextlib.asynccontextmanager
+async def silent_api_server() -> AsyncIterator[str]:
+    """An API server that accepts every connection and never answers a byte (a stalled node,
+    a hung exec): its URL. A connection lasts until its client hangs up."""
+    held: set[asyncio.Task[None]] = set()
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        held.add(task)
+        try:
+            while await reader.read(65536):  # the request, then nothing: until the client leaves
+                pass
+        finally:
+            writer.close()
+            held.discard(task)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        for task in list(held):
+            task.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+        await server.wait_closed()

@@ -7,18 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
+import os
 import tarfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
-from kubernetes.aio.client import ApiException, CoreV1Api
+from kubernetes.aio.client import ApiClient, ApiException, Configuration, CoreV1Api, V1Pod
 
+from engine.archive import make_archive
+from engine.failures import FailureCode
 from engine.sandbox import (
     SandboxCapacity,
     SandboxDriver,
+    SandboxError,
     SandboxImageInvalid,
     SandboxLost,
     SandboxSetupTimeout,
@@ -30,12 +36,16 @@ from engine.sandbox.kubernetes.pod import LABEL_MANAGED_BY, LABEL_RUN_ID, build_
 from engine.sandbox.kubernetes.sandbox import KubernetesSandbox
 from engine.sandbox.kubernetes.settings import KubernetesSettings
 from engine.sandbox.protocols import SeedDir, SetupBudgets
+from engine.scratch import ScratchBank, bank_key
+from store import ScratchRecord
+from store.blobs_fs import FilesystemBlobStore
 from tests.engine.conftest import poll_until
 from tests.engine.kubernetes.cluster import (
     NAMESPACE,
     Cluster,
     fake_cluster,
     never_ready,
+    silent_api_server,
     unschedulable,
     waiting,
 )
@@ -336,3 +346,162 @@ async def test_a_pod_deleted_with_its_processes_killed_is_sandbox_lost_not_a_too
     with pytest.raises(SandboxLost):
         await running
     await sandbox.stop()
+
+
+class _Said:
+    """The event log of a bare `ScratchBank`: what it said."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, dict[str, Any]]] = []
+
+    def draft(self, type: str, **data: Any) -> tuple[str, dict[str, Any]]:
+        self.said.append((type, data))
+        return (type, data)
+
+    async def emit(self, type: str, **data: Any) -> None:
+        self.said.append((type, data))
+
+
+class _Records:
+    """The fenced writer of a bare `ScratchBank`: the scratch records it wrote."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    async def write_record(self, fields: dict[str, Any], *, events: Any = ()) -> None:
+        self.records.append(fields["scratch"])
+
+
+def _bank(blobs: FilesystemBlobStore, tmp_path: Path, run_id: str = "run-1") -> ScratchBank:
+    return ScratchBank(
+        run_id=run_id,
+        token="tok1",
+        blobs=blobs,
+        writer=_Records(),  # type: ignore[arg-type]
+        events=_Said(),  # type: ignore[arg-type]
+        cap_bytes=1 << 20,
+        budget_s=30,
+        host_scratch=tmp_path / "no-host-scratch",
+    )
+
+
+async def test_a_fifo_in_a_pod_scratch_is_skipped_by_the_bank_as_on_a_host_scratch(
+    driver: KubernetesSandboxDriver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fifo (or device) left in the scratch does not make the run unbankable: the pod's tar
+    carries it, the host skips it as `make_archive` skips one on a host-backed scratch, and a
+    log line names it."""
+    sandbox = await driver.start(spec(tmp_path))
+    try:
+        made = await sandbox.exec(
+            'mkfifo "$RUNFLEET_SCRATCH_DIR/pipe" && echo kept > "$RUNFLEET_SCRATCH_DIR/kept"',
+            timeout_s=10,
+        )
+        assert made.exit_code == 0, made
+        blobs = FilesystemBlobStore(tmp_path / "blobs")
+        with caplog.at_level(logging.INFO, logger="engine.scratch"):
+            banked = await _bank(blobs, tmp_path).bank(
+                sandbox, host_dir=False, process_isolated=True, progress=1
+            )
+        assert banked.state == "banked", banked
+        fetched = tmp_path / "fetched.tgz"
+        await blobs.get_to_file(bank_key("run-1", "tok1"), fetched)
+        with tarfile.open(fetched) as tar:
+            names = set(tar.getnames())
+        assert "kept" in names and "pipe" not in names, names
+        assert "special file" in caplog.text and "pipe" in caplog.text
+    finally:
+        await sandbox.stop()
+
+
+class _UnreachableAfterDelete:
+    """An API whose delete is answered, then every read of the pod finds no API server."""
+
+    def __init__(self) -> None:
+        self.deleted = 0
+        self.reads: list[dict[str, Any]] = []
+
+    async def delete_namespaced_pod(self, name: str, ns: str, **kw: Any) -> None:
+        self.deleted += 1
+
+    async def read_namespaced_pod(self, name: str, ns: str, **kw: Any) -> V1Pod:
+        self.reads.append(kw)
+        raise aiohttp.ClientConnectionError("connection reset by the API server")
+
+
+class _IdleWatch:
+    """A continuity watch that sees nothing until it is stopped."""
+
+    def __init__(self) -> None:
+        self._stopped = asyncio.Event()
+        self.lost = asyncio.Event()
+        self.reason: str | None = None
+        self.message: str | None = None
+
+    async def run(self) -> None:
+        await self._stopped.wait()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def _unreachable_driver(**budgets: float) -> KubernetesSandboxDriver:
+    settings = KubernetesSettings(
+        namespace=NAMESPACE,
+        image="busybox:1.36",
+        budgets=SetupBudgets(**{"schedule_s": 5, "ready_s": 5, "seed_s": 5, **budgets}),
+        gone_timeout_s=0.2,
+    )
+    return KubernetesSandboxDriver(settings, poll_s=0.01)
+
+
+async def test_an_api_server_unreachable_while_a_stop_confirms_the_delete_is_a_typed_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The delete's confirm loop asks with a request timeout and translates an unreachable
+    API server like the rest of the driver (`SandboxError`); `stop()` logs it and returns, so
+    the execution's workspace and attachments cleanup after it still runs."""
+    driver = _unreachable_driver()
+    api = _UnreachableAfterDelete()
+    with pytest.raises(SandboxError, match=r"not confirmed gone.*not answered"):
+        await driver.delete_pod(api, "rf-x", "uid-1")  # type: ignore[arg-type]
+    assert api.reads and all(kw.get("_request_timeout") for kw in api.reads)
+    sandbox = KubernetesSandbox(driver, api, "rf-x", "uid-1", _IdleWatch())  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        await sandbox.stop()  # returns: nothing untyped escapes
+    assert api.deleted == 2
+    assert "the sweeper reaps it" in caplog.text
+
+
+async def test_a_restore_whose_copy_in_stalls_is_scratch_restore_failed_at_the_seed_budget(
+    tmp_path: Path,
+) -> None:
+    """The restore's copy into the pod is bounded by the seed budget: a `tar -x` whose exec
+    never answers ends as the typed copy error, i.e. `SCRATCH_RESTORE_FAILED` (transient), and
+    `sandbox_scratch_restored` says so — the execution does not hang while its lease renews."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(4000))
+    archive = tmp_path / "bank.tgz"
+    make_archive(src, archive, level=1)
+    blobs = FilesystemBlobStore(tmp_path / "blobs")
+    key = bank_key("run-1", "tok0")
+    await blobs.put_file(key, archive)
+    driver = _unreachable_driver(seed_s=0.2)
+    async with silent_api_server() as url:
+        api = CoreV1Api(ApiClient(Configuration(host=url)))
+        watch = _IdleWatch()
+        sandbox = KubernetesSandbox(driver, api, "rf-x", "uid-1", watch)  # type: ignore[arg-type]
+        try:
+            bank = _bank(blobs, tmp_path)
+            rec = ScratchRecord(state="banked", key=key, bytes=1, progress=1)
+            failed = await bank.restore(sandbox, rec, host_dir=False, stale=False)
+        finally:
+            watch.stop()
+            await api.api_client.close()
+    assert failed is not None and failed.code == FailureCode.SCRATCH_RESTORE_FAILED, failed
+    assert "0.2s budget" in failed.error
+    said = bank.events.said  # type: ignore[attr-defined]
+    assert [(kind, data["restored"]) for kind, data in said] == [
+        ("sandbox_scratch_restored", False)
+    ]

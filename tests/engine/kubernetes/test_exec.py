@@ -34,6 +34,7 @@ from engine.sandbox.kubernetes.exec import (
     exit_code_from_status,
 )
 from engine.sandbox.protocols import OUTPUT_CHUNK_BYTES, OUTPUT_TAIL_BYTES
+from tests.engine.kubernetes.cluster import silent_api_server
 from tests.support.exec_server import PROTOCOL_V4, ExecServer
 
 NS, POD, CONTAINER = "runfleet", "rf-run1-tok1", "sandbox"
@@ -358,6 +359,33 @@ async def test_copy_in_refuses_an_escaping_archive_before_anything_is_sent(
     with pytest.raises(SandboxArchiveInvalid):
         await copy_in(api, NS, POD, CONTAINER, tmp_path / "junk.tar", "/workspace")
     assert server.execs == []
+
+
+async def test_a_copy_in_not_done_within_its_budget_is_sandbox_copy_failed_not_a_hang(
+    tmp_path: Path,
+) -> None:
+    """A restore's `tar -x` that stalls (here an API server that never answers the exec) ends
+    at the copy's budget with the typed copy error, instead of holding the execution forever
+    while its lease renews."""
+    src = tmp_path / "src"
+    _make_tree(src)
+    archive = tmp_path / "in.tar"
+    _tar_of(src, archive)
+    async with silent_api_server() as url:
+        core = await _api(url)
+        try:
+            with pytest.raises(SandboxCopyFailed, match=r"within its 0\.2s budget"):
+                await copy_in(
+                    api=core,
+                    namespace=NS,
+                    pod=POD,
+                    container=CONTAINER,
+                    tar_path=archive,
+                    dest_dir="/scratch",
+                    timeout_s=0.2,
+                )
+        finally:
+            await core.api_client.close()
 
 
 async def test_the_exec_server_fronts_kmock_so_pods_and_execs_share_one_host(
