@@ -41,6 +41,7 @@ from store import (
 from store.blobs_fs import FilesystemBlobStore
 from store.mongo import MongoRunStore
 from store.sqlite import SqliteRunStore
+from tests.engine.bank_doubles import Records, Said
 from tests.engine.conftest import workflow
 
 WIPE = {"wipe": True}
@@ -566,30 +567,6 @@ def _bank_for(execution: Execution, blobs: FlakyBlobs, host_scratch: Path, **kw:
     )
 
 
-class _Said:
-    """The event log a bare `ScratchBank` speaks to: what it said, in order."""
-
-    def __init__(self) -> None:
-        self.said: list[tuple[str, dict[str, Any]]] = []
-
-    def draft(self, type: str, **data: Any) -> tuple[str, dict[str, Any]]:
-        self.said.append((type, data))
-        return (type, data)
-
-    async def emit(self, type: str, **data: Any) -> None:
-        self.said.append((type, data))
-
-
-class _Records:
-    """The fenced writer of a bare `ScratchBank`: the scratch records it wrote."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    async def write_record(self, fields: dict[str, Any], *, events: Any = ()) -> None:
-        self.records.append(fields["scratch"])
-
-
 class _CopySandbox:
     """A sandbox without a host scratch (a pod's path): what it was asked to copy in."""
 
@@ -642,12 +619,12 @@ async def test_a_corrupt_bank_parks_scratch_not_portable_on_either_restore_path(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     (scratch / "left").write_text("as it was")
-    said = _Said()
+    said = Said()
     bank = ScratchBank(
         run_id="r1",
         token="t1",
         blobs=blobs,
-        writer=_Records(),  # type: ignore[arg-type]
+        writer=Records(),  # type: ignore[arg-type]
         events=said,  # type: ignore[arg-type]
         cap_bytes=1 << 20,
         budget_s=30,

@@ -39,6 +39,7 @@ from engine.sandbox.protocols import SeedDir, SetupBudgets
 from engine.scratch import ScratchBank, bank_key
 from store import ScratchRecord
 from store.blobs_fs import FilesystemBlobStore
+from tests.engine.bank_doubles import Records, Said
 from tests.engine.conftest import poll_until
 from tests.engine.kubernetes.cluster import (
     NAMESPACE,
@@ -348,37 +349,13 @@ async def test_a_pod_deleted_with_its_processes_killed_is_sandbox_lost_not_a_too
     await sandbox.stop()
 
 
-class _Said:
-    """The event log of a bare `ScratchBank`: what it said."""
-
-    def __init__(self) -> None:
-        self.said: list[tuple[str, dict[str, Any]]] = []
-
-    def draft(self, type: str, **data: Any) -> tuple[str, dict[str, Any]]:
-        self.said.append((type, data))
-        return (type, data)
-
-    async def emit(self, type: str, **data: Any) -> None:
-        self.said.append((type, data))
-
-
-class _Records:
-    """The fenced writer of a bare `ScratchBank`: the scratch records it wrote."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    async def write_record(self, fields: dict[str, Any], *, events: Any = ()) -> None:
-        self.records.append(fields["scratch"])
-
-
 def _bank(blobs: FilesystemBlobStore, tmp_path: Path, run_id: str = "run-1") -> ScratchBank:
     return ScratchBank(
         run_id=run_id,
         token="tok1",
         blobs=blobs,
-        writer=_Records(),  # type: ignore[arg-type]
-        events=_Said(),  # type: ignore[arg-type]
+        writer=Records(),  # type: ignore[arg-type]
+        events=Said(),  # type: ignore[arg-type]
         cap_bytes=1 << 20,
         budget_s=30,
         host_scratch=tmp_path / "no-host-scratch",
