@@ -97,9 +97,15 @@ class AnswersRequired(Refusal, code="answers_required"):
 
     remedy = "pass the answers with --answer NAME=VALUE or --answers-file FILE"
 
-    def __init__(self, missing: Sequence[str]) -> None:
+    def __init__(self, missing: Sequence[str], *, any_of: bool = False) -> None:
         self.missing = tuple(missing)
-        super().__init__("answers required: " + ", ".join(self.missing))
+        self.any_of = any_of
+        names = ", ".join(self.missing)
+        super().__init__(
+            f"at least one answer required (all optional): {names}"
+            if any_of
+            else f"answers required: {names}"
+        )
 
 
 class AnswersInvalid(Refusal, code="answers_invalid"):

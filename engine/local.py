@@ -26,6 +26,7 @@ from engine.failures import is_auto_resumable
 from engine.fencing import LeaseLost
 from engine.lease import LeaseKeeper
 from engine.loader import LoadedWorkflow
+from engine.outcome import CancelReason
 from engine.refusals import RunBusy
 from engine.resume import ResumeRequest, claim_effects, judge_resume
 from engine.settle import settle
@@ -52,9 +53,33 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class LocalInterrupt:
+    """A person's stop (Ctrl-C) for the in-process executions of one command. It reaches the
+    execution the way an operator cancel reaches a fleet one through the control subject
+    (SPEC §5.8): the execution checkpoints, writes `cancelled` and releases its lease, so
+    `resume --local` can continue the run at once instead of waiting out the lease. Asked
+    before an execution started, that execution stops before its first node."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._signal: CancelSignal | None = None
+
+    def request(self) -> None:
+        self.requested = True
+        if self._signal is not None:
+            self._signal.cancel(CancelReason.OPERATOR)
+
+    def watch(self, signal: CancelSignal) -> None:
+        """Route the stop to `signal`, the execution that starts now."""
+        self._signal = signal
+        if self.requested:
+            signal.cancel(CancelReason.OPERATOR)
+
+
 @dataclass(frozen=True, slots=True)
 class LocalEnv(EngineEnv):
     on_event: Callable[[Event], None] | None = None
+    interrupt: LocalInterrupt | None = None
 
 
 def new_run_id() -> str:
@@ -156,6 +181,8 @@ async def resume_local(
     assert claimed.lease is not None
     doc = await execute_claimed(env, claimed)
     for _ in range(auto_resume):
+        if env.interrupt is not None and env.interrupt.requested:
+            break  # the person asked to stop: no re-claim, whatever the outcome raced to
         if doc.status is not RunStatus.FAILED_RESUMABLE or not is_auto_resumable(doc.failure_code):
             break
         claimed = await claim_local(env, doc, ResumeRequest())
@@ -170,6 +197,8 @@ async def execute_claimed(env: LocalEnv, run: RunDocument) -> RunDocument:
     assert run.lease is not None
     token = run.lease.token
     cancel = CancelSignal()
+    if env.interrupt is not None:
+        env.interrupt.watch(cancel)
     events = EventLog(env.store, run.run_id, run.attempt, token, cancel, listener=env.on_event)
     execution = Execution.claimed(env, run, cancel, events)
     keeper = LeaseKeeper(

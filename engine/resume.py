@@ -78,11 +78,19 @@ def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
     if run.status is RunStatus.PAUSED_WAITING_HUMAN and pending is not None:
         workflow = load_stored_workflow(run.workflow.source, f"run {run.run_id}").workflow
         node = workflow.nodes.get(str(pending.get("node")))
-        if not request.answers and not request.cli_answers:
-            names = [q.name for q in node.questions] if isinstance(node, HumanNode) else []
-            raise AnswersRequired(names)
+        no_answers = not request.answers and not request.cli_answers
         if isinstance(node, HumanNode):
+            required = [q.name for q in node.questions if q.required]
+            if no_answers and not required:
+                # SPEC §4: a paused run resumed with no answers at all is refused, even when
+                # every question is optional: the resume is the person's reply, so an
+                # all-optional node still needs one answer to say someone looked.
+                raise AnswersRequired([q.name for q in node.questions], any_of=True)
+            # Otherwise `coerce_answers` names the required questions left unanswered, never
+            # the optional ones: listing those sent people to answer what they may skip.
             answers = _coerce_mixed(node, request)
+        elif no_answers:
+            raise AnswersRequired([])
     scratch_why = scratch_problem(run)
     source_changed = (
         request.new_source is not None

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import re
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,10 +31,79 @@ from publisher.streams import ensure_streams
 from publisher.wire import WireNames
 from runner.localcluster import NatsCluster
 from runner.localnats import NatsServer
+from runner.operations.errors import FleetAlreadyRunning
 from store import RunStore
 
 log = logging.getLogger(__name__)
 _PORT_LINE = re.compile(rb"slots, http :(\d+)")
+UP_LOCK_FILE = "up.lock"
+"""Under RUNFLEET_DATA: locked by the `runfleet up` that serves it, and holding its pid."""
+
+
+@contextlib.contextmanager
+def hold_data_dir(data: Path) -> Iterator[int]:
+    """One fleet per data dir: a second `up` would start a second nats-server on the same
+    JetStream store, a second sweeper over the same SQLite file, and take `nats.url` from the
+    fleet every other command uses. `FleetAlreadyRunning` (exit 3) while another holds it.
+
+    An OS lock, not a pid file: the kernel drops it when the last process holding it ends
+    however it ends (SIGKILL too), so a crashed fleet never blocks the next one, and a pid left
+    in the file (perhaps reused by an unrelated process) never refuses. Yields the locked fd
+    for the fleet's children to inherit (`EmbeddedFleet(lock_fd=...)`): a SIGKILLed `up`
+    leaves its nats-server and runners running in their own sessions, and while they run the
+    dir is still theirs. The pid is there only to name the holder. The file is never removed:
+    a process that opened it just before would lock an inode no one else sees."""
+    data.mkdir(parents=True, exist_ok=True)
+    path = data / UP_LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FleetAlreadyRunning(data, *_lock_holders(path)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield fd
+        finally:
+            os.ftruncate(fd, 0)  # still locked: no one reads a pid that is about to go
+    finally:
+        os.close(fd)  # drops the lock, unless a child that outlived us still holds it
+
+
+def _lock_holders(path: Path) -> tuple[int | None, tuple[int, ...]]:
+    """The `up` named in the lock file, or, when it is gone, the processes it left holding
+    the lock (found by their open file: Linux `/proc`; elsewhere none are named)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        text = ""
+    pid = int(text) if text.isdigit() else None
+    if pid is not None and _alive(pid):
+        return pid, ()
+    return pid, _processes_holding(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _processes_holding(path: Path) -> tuple[int, ...]:
+    target = str(path.resolve())
+    found: list[int] = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        if fd_dir.parent.name == str(os.getpid()):
+            continue  # this process opened it too, to try the lock
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == target for fd in fd_dir.iterdir()):
+                found.append(int(fd_dir.parent.name))
+    return tuple(sorted(found))
 
 
 @dataclass
@@ -74,8 +145,12 @@ class EmbeddedFleet:
         store: RunStore,
         env: dict[str, str] | None = None,
         nats_cluster: int = 1,
+        lock_fd: int | None = None,
     ) -> None:
         self.data = data.resolve()
+        self.pass_fds = () if lock_fd is None else (lock_fd,)
+        """`hold_data_dir`'s lock, inherited by every process the fleet starts: the data dir
+        stays held while any of them runs, even after a SIGKILLed `up`."""
         self.nats_cluster = nats_cluster
         """Local nats-servers: above 1, a JetStream cluster whose streams get one replica per
         server (`runfleet up --nats-cluster 3`)."""
@@ -85,6 +160,8 @@ class EmbeddedFleet:
         self.base_env = dict(env if env is not None else os.environ)
         self.server: NatsServer | NatsCluster | None = None
         self.nats_url = ""
+        self._url_written: str | None = None
+        """What this fleet wrote to `nats.url`: the only content it may remove."""
         self.procs: list[RunnerProcess] = []
         self.stopping = False
         self._stop = asyncio.Event()
@@ -102,13 +179,13 @@ class EmbeddedFleet:
             self.nats_url = wire.nats_url
         else:
             self.server = (
-                NatsCluster(self.data / "nats-cluster", self.nats_cluster)
+                NatsCluster(self.data / "nats-cluster", self.nats_cluster, pass_fds=self.pass_fds)
                 if self.nats_cluster > 1
-                else NatsServer(self.data / "nats")
+                else NatsServer(self.data / "nats", pass_fds=self.pass_fds)
             )
             await asyncio.to_thread(self.server.start)
             self.nats_url = self.server.url  # a cluster's: its servers, comma-separated
-            (self.data / NATS_URL_FILE).write_text(self.nats_url + "\n")
+            self._write_url()
         replicas = self.nats_cluster if self.nats_cluster > 1 else wire.stream_replicas
         wire = WireSettings(data=self.data, nats_url=self.nats_url, stream_replicas=replicas)
         self._nc, self._js = await connect(wire, name="runfleet-up")
@@ -118,6 +195,25 @@ class EmbeddedFleet:
             rp = RunnerProcess(i, self.data / "logs" / f"runner-{i}.log")
             self.procs.append(rp)
             await self._spawn(rp)
+
+    def _write_url(self) -> None:
+        """Replaced whole (a command reading it never sees half a URL)."""
+        text = self.nats_url + "\n"
+        staged = self.data / f"{NATS_URL_FILE}.{os.getpid()}"
+        staged.write_text(text)
+        staged.replace(self.data / NATS_URL_FILE)
+        self._url_written = text
+
+    def _remove_url(self) -> None:
+        """Only the URL this fleet wrote: a `nats.url` that says anything else belongs to
+        another fleet (or a person), and removing it would cut that fleet off from the CLI."""
+        path = self.data / NATS_URL_FILE
+        if self._url_written is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            if path.read_text() == self._url_written:
+                path.unlink()
+        self._url_written = None
 
     def _env(self) -> dict[str, str]:
         env = dict(self.base_env)
@@ -146,6 +242,7 @@ class EmbeddedFleet:
                 stdout=logf,
                 stderr=subprocess_stdout(),
                 start_new_session=True,  # Ctrl-C reaches `up` only; it drains the runners
+                pass_fds=self.pass_fds,
             )
         finally:
             logf.close()
@@ -258,8 +355,7 @@ class EmbeddedFleet:
                 await self._nc.close()
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
-            with contextlib.suppress(FileNotFoundError):
-                (self.data / NATS_URL_FILE).unlink()
+            self._remove_url()
 
 
 def subprocess_stdout() -> int:

@@ -18,6 +18,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -40,7 +41,14 @@ def free_ports(count: int) -> list[int]:
 class NatsCluster:
     """`size` JetStream servers named n1..nN in one cluster; nodes are addressed by index."""
 
-    def __init__(self, work_dir: Path, size: int = 3, *, binary: Path | None = None) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        size: int = 3,
+        *,
+        binary: Path | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one server")
         binary = binary or find_nats_server()
@@ -65,6 +73,7 @@ class NatsCluster:
                     "-m",
                     str(monitor[k]),
                 ],
+                pass_fds=pass_fds,
             )
             for k in range(size)
         ]

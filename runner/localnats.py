@@ -57,8 +57,11 @@ class NatsServer:
         binary: Path | None = None,
         port: int | None = None,
         extra_args: Sequence[str] = (),
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.binary = binary or find_nats_server()
+        self.pass_fds = tuple(pass_fds)
+        """Inherited by the server process: `runfleet up`'s data-dir lock, held while it runs."""
         self.work_dir = work_dir
         self.store_dir = work_dir / "jetstream"
         self.log_path = work_dir / "nats-server.log"
@@ -110,7 +113,11 @@ class NatsServer:
             # Its own session: a terminal's Ctrl-C goes to the whole foreground process group,
             # and `runfleet up` needs the server alive until its runners have handed off.
             proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=self.pass_fds,
             )
         self._proc = proc
         try:

@@ -19,7 +19,10 @@ class StoreSettings(RunfleetSettings):
         default=None,
         description="default sqlite:///$DATA/runs.db",
         pattern=r"^(sqlite:///.+|mongodb(\+srv)?://.+)$",
-        json_schema_extra={"accepted": "sqlite:///path or mongodb://host/db"},
+        json_schema_extra={
+            "accepted": "sqlite:///relative/path.db (three slashes: relative to the current "
+            "directory), sqlite:////absolute/path.db (four slashes) or mongodb://host/db"
+        },
     )
     blob_url: str | None = Field(
         default=None,

@@ -74,6 +74,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── RecordNotReplayable                 record_not_replayable
         ├── RunIdAmbiguous                      run_id_ambiguous
         ├── AttachmentNameInvalid               attachment_name_invalid
+        ├── FleetAlreadyRunning                 fleet_already_running
         ├── AttachmentTooLarge                  attachment_too_large
         ├── TooManyAttachments                  too_many_attachments
         ├── StagedUploadNotFound                upload_not_found

@@ -10,7 +10,25 @@ import click
 
 from runner.cli.runtime import command
 from runner.console import DEFAULT_HOST, DEFAULT_PORT, serve
+from runner.console.server import BindFailed
 from runner.heap import freeze_startup_heap
+
+
+def bind_refused(
+    exc: BindFailed, *, port_flag: str, host_flag: str | None = None
+) -> click.BadParameter:
+    """A server that cannot listen was given a value it cannot use: a usage error (SPEC §10,
+    exit 2) naming the flag as the user typed it, the value and why — not `internal`."""
+    if exc.culprit == "host" and host_flag is not None:
+        flag, value = host_flag, repr(exc.host)
+        form = "an address of this machine (127.0.0.1; 0.0.0.0 for all interfaces)"
+    else:
+        flag, value, form = port_flag, str(exc.port), "a free port (0: any free one)"
+    return click.BadParameter(
+        f"{value}: {exc.reason}; give {form}",
+        ctx=click.get_current_context(silent=True),
+        param_hint=f"'{flag}'",
+    )
 
 
 @click.command("console")
@@ -58,3 +76,5 @@ async def console_cmd(port: int, host: str) -> None:
     except asyncio.CancelledError:
         if not stopping:
             raise
+    except BindFailed as exc:
+        raise bind_refused(exc, port_flag="--port", host_flag="--host") from exc

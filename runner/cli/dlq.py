@@ -17,6 +17,7 @@ from runner.cli.errors import EXIT_REFUSED, EXIT_UNREACHABLE
 from runner.cli.options import DURATION
 from runner.cli.runtime import command, echo_json, json_option
 from runner.operations import RecordDetail, ReplayReport, open_env
+from runner.operations.dlq import DLQ_REASONS
 from store import utcnow
 
 
@@ -81,12 +82,29 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def _ids_or_all(ids: tuple[int, ...], all_: bool) -> tuple[int, ...] | None:
-    """The ids given, or None for `--all` (exactly one of the two)."""
+REASON = click.Choice(DLQ_REASONS)
+"""`--reason`: a reason the fleet writes. A mistyped one would match nothing and print an empty
+list (or replay nothing) as if all were well; click refuses it naming the flag, the value and
+the reasons accepted (exit 2)."""
+
+
+def _ids_or_all(
+    ids: tuple[int, ...], all_: bool, filters: dict[str, object] | None = None
+) -> tuple[int, ...] | None:
+    """The ids given, or None for `--all` (exactly one of the two). `filters` (flag → value)
+    narrow `--all` only: ids name their records already, and a filter beside them used to be
+    dropped without a word, so it is refused instead."""
     if ids and all_:
         raise click.UsageError("give record ids or --all, not both")
     if not ids and not all_:
         raise click.UsageError("give record ids or --all")
+    given = [flag for flag, value in (filters or {}).items() if value is not None]
+    if ids and given:
+        verb = "goes" if len(given) == 1 else "go"
+        raise click.UsageError(
+            f"{' and '.join(given)} {verb} with --all, not with record ids"
+            f" (drop {' and '.join(given)}, or use --all instead of the ids)"
+        )
     return None if all_ else ids
 
 
@@ -101,7 +119,7 @@ def dlq_group() -> None:
 
 
 @dlq_group.command("list")
-@click.option("--reason", help="only records with this reason")
+@click.option("--reason", type=REASON, help="only records with this reason")
 @click.option("--older-than", type=DURATION, help="only records older than this, e.g. 1h")
 @json_option
 @command
@@ -113,7 +131,7 @@ async def dlq_list(reason: str | None, older_than: timedelta | None, as_json: bo
       runfleet dlq list --older-than 1h
     """
     age = older_than
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         records = await ops.list_records(env, reason=reason, older_than=age)
     if as_json:
         echo_json({"records": [record_view(r) for r in records]})
@@ -138,7 +156,7 @@ async def dlq_show(record_id: int, as_json: bool) -> None:
     Example:
       runfleet dlq show 42
     """
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         view = detail_view(await ops.show_record(env, record_id))
     if as_json:
         echo_json(view)
@@ -172,7 +190,7 @@ def replay_view(report: ReplayReport) -> dict[str, Any]:
 @dlq_group.command("replay")
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_", is_flag=True, help="every record (with --reason, those only)")
-@click.option("--reason", help="with --all: only records with this reason")
+@click.option("--reason", type=REASON, help="with --all: only records with this reason")
 @json_option
 @command
 async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_json: bool) -> None:
@@ -183,8 +201,8 @@ async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_js
       runfleet dlq replay 42 43
       runfleet dlq replay --all --reason retries_exhausted
     """
-    selected = _ids_or_all(ids, all_)
-    async with open_env() as env:
+    selected = _ids_or_all(ids, all_, {"--reason": reason})
+    async with open_env(create_store=False) as env:
         report = await ops.replay_records(env, selected, reason=reason)
     if as_json:
         echo_json(replay_view(report))
@@ -212,8 +230,10 @@ async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_js
 @dlq_group.command("purge")
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "all_", is_flag=True, help="every record (narrowed by the filters)")
-@click.option("--reason", help="only records with this reason")
-@click.option("--older-than", type=DURATION, help="only records older than this, e.g. 7d")
+@click.option("--reason", type=REASON, help="with --all: only records with this reason")
+@click.option(
+    "--older-than", type=DURATION, help="with --all: only records older than this, e.g. 7d"
+)
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @json_option
 @command
@@ -232,9 +252,9 @@ async def dlq_purge(
       runfleet dlq purge 42
       runfleet dlq purge --all --reason malformed --older-than 7d --yes
     """
-    selected = _ids_or_all(ids, all_)
+    selected = _ids_or_all(ids, all_, {"--reason": reason, "--older-than": older_than})
     age = older_than
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         records = await ops.select_records(env, selected, reason=reason, older_than=age)
         if not records:
             echo_json({"removed": []}) if as_json else click.echo("nothing to purge")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,33 +83,68 @@ async def up_cmd(
     api_port: int,
 ) -> None:
     """Run the embedded fleet: local nats-server (or cluster), SQLite store, N runners.
+    One fleet per data dir: a second `up` on it is refused (exit 3) while the first runs.
 
     \b
     Example:
       runfleet up --runners 4 --slots 16
     """
-    import os
-    import signal
-
     from runner.config import RunnerSettings
+    from runner.embedded import hold_data_dir
+    from store.config import StoreSettings
 
     slots = slots or RunnerSettings().slots
-
-    from runner.cli.live import live_view
-    from runner.embedded import EmbeddedFleet
-
     if data is not None:
         os.environ["RUNFLEET_DATA"] = str(data)
     if nats_cluster > 1 and os.environ.get("RUNFLEET_NATS_URL"):
         raise click.UsageError("--nats-cluster starts local servers; unset RUNFLEET_NATS_URL")
+    # Refused before anything starts: a fleet on this data dir (exit 3), then an API port
+    # that cannot be bound (exit 2) — bound here and handed to the server, so it stays ours.
+    with (
+        hold_data_dir(StoreSettings().data.resolve()) as lock_fd,
+        _api_socket(api_port) as api_sock,
+    ):
+        await _run_fleet(runners, slots, data, no_view, nats_cluster, api_sock, lock_fd)
+
+
+def _api_socket(port: int) -> socket.socket:
+    from runner.cli.console import bind_refused
+    from runner.console.server import BindFailed, listening_socket
+
+    try:
+        return listening_socket("127.0.0.1", port)
+    except BindFailed as exc:
+        raise bind_refused(exc, port_flag="--api-port") from exc
+
+
+async def _run_fleet(
+    runners: int,
+    slots: int,
+    data: Path | None,
+    no_view: bool,
+    nats_cluster: int,
+    api_sock: socket.socket,
+    lock_fd: int,
+) -> None:
+    """Start the fleet, serve its API on `api_sock`, show it, and on Ctrl-C (or SIGTERM)
+    drain and stop it."""
+    import signal
+
+    from runner.cli.live import live_view
+    from runner.console.auth import load_tokens
+    from runner.embedded import EmbeddedFleet
+
     async with open_env(data) as env:
         _ = env.engine, env.wire()  # every setting the runners read, checked before any starts
+        load_tokens(env.tenant)  # and the API's: a token file it cannot use is exit 2, as in
+        # `runfleet console`, not a fleet that runs on without the API it was asked for
         fleet = EmbeddedFleet(
             data=env.data_dir,
             runners=runners,
             slots=slots,
             store=env.store,
             nats_cluster=nats_cluster,
+            lock_fd=lock_fd,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -123,7 +159,7 @@ async def up_cmd(
             )
             supervise = asyncio.ensure_future(fleet.supervise())
             urls: list[str] = []  # the console's URL, once it listens: shown in the live view
-            api = asyncio.ensure_future(_serve_api(api_port, fleet, urls))
+            api = asyncio.ensure_future(_serve_api(api_sock, fleet, urls))
             view = asyncio.ensure_future(live_view(fleet, interactive=not no_view, notes=urls))
             await fleet.wait_stop_requested()
             view.cancel()
@@ -136,13 +172,13 @@ async def up_cmd(
         click.echo("fleet stopped", err=True)
 
 
-async def _serve_api(port: int, fleet: EmbeddedFleet, urls: list[str]) -> None:
+async def _serve_api(sock: socket.socket, fleet: EmbeddedFleet, urls: list[str]) -> None:
     """The HTTP API and the console beside the embedded fleet (SPEC v2.2 §10, §10b, §10c), on
-    127.0.0.1. It finds the fleet as every other command does (`RUNFLEET_DATA/nats.url`);
-    without a token the API refuses every request and the console is read-only, and it says
-    how to give one. The console's URL goes into `urls` (the live view shows it); its fleet
-    page reads the runner processes' rows from `fleet`. A failure to serve never stops the
-    fleet."""
+    `sock` (127.0.0.1, bound before the fleet started). It finds the fleet as every other
+    command does (`RUNFLEET_DATA/nats.url`); without a token the API refuses every request and
+    the console is read-only, and it says how to give one. The console's URL goes into `urls`
+    (the live view shows it); its fleet page reads the runner processes' rows from `fleet`. A
+    failure to serve never stops the fleet."""
     import aiohttp
 
     from runner.console import serve
@@ -163,10 +199,12 @@ async def _serve_api(port: int, fleet: EmbeddedFleet, urls: list[str]) -> None:
         return rows
 
     try:
-        await serve("127.0.0.1", port, started=started, runners=runner_rows)
+        port = int(sock.getsockname()[1])
+        await serve("127.0.0.1", port, started=started, runners=runner_rows, sock=sock)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - the fleet runs on without its API
+        sock.close()  # a bound port no one serves would hold each client until it times out
         click.echo(f"  HTTP API not served: {exc}", err=True)
 
 
@@ -227,7 +265,7 @@ async def sweep_cmd(as_json: bool) -> None:
     Example:
       runfleet sweep --json
     """
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         report = await ops.sweep(env)
     if as_json:
         echo_json({"actions": dict(report.actions)})
@@ -252,7 +290,7 @@ async def gc_cmd(older_than: timedelta, yes: bool, as_json: bool) -> None:
       runfleet gc --older-than 30d --yes
     """
     age = older_than
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         plan = await ops.plan_gc(env, age)
         if (
             plan.run_ids

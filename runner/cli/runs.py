@@ -3,6 +3,10 @@ its flags, calls `runner.operations` and prints."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -10,6 +14,7 @@ from typing import Any
 import click
 
 from engine.loader import load_workflow_file
+from engine.local import LocalInterrupt
 from engine.resume import ResumeRequest
 from runner import operations as ops
 from runner.cli.errors import EXIT_RUN_FAILED
@@ -23,13 +28,50 @@ from runner.cli.options import (
 from runner.cli.runtime import command, json_option
 from runner.cli.tables import runs_table
 from runner.cli.uploads import parse_attach
-from runner.cli.views import echo_json, echo_run, event_line, run_view
+from runner.cli.views import cancel_line, echo_json, echo_run, event_line, run_view
 from runner.operations import open_env
 from runner.operations.retry_wait import waiting_retry
-from store import Event, RunStatus, utcnow
+from store import Event, RunDocument, RunStatus, utcnow
 
 RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.CANCELLED})
 """How `runfleet run` can end that a CI job must see as a failure (exit 5, SPEC §10 v2.2)."""
+EXIT_INTERRUPTED = 130
+"""`resume --local` stopped by Ctrl-C (128 + SIGINT, as `command` answers a KeyboardInterrupt):
+the command reports no outcome of its own, and a script must not read the stop as success."""
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c() -> Iterator[LocalInterrupt]:
+    """The first Ctrl-C stops the in-process execution as an operator cancel would (it
+    checkpoints, ends `cancelled`, releases its lease); the second is Python's own again,
+    which aborts at once (asyncio cancels the command: exit 130, the lease left to lapse)."""
+    interrupt = LocalInterrupt()
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def restore() -> None:
+        if loop.remove_signal_handler(signal.SIGINT):
+            signal.signal(signal.SIGINT, previous)
+
+    def first() -> None:
+        restore()
+        click.echo("interrupted: the run checkpoints and stops (Ctrl-C again aborts)", err=True)
+        interrupt.request()
+
+    loop.add_signal_handler(signal.SIGINT, first)
+    try:
+        yield interrupt
+    finally:
+        restore()
+
+
+def echo_interrupted(doc: RunDocument, interrupt: LocalInterrupt, *, as_json: bool) -> bool:
+    """Say how to continue a run a Ctrl-C stopped; whether it did stop it (the run may have
+    reached its outcome first)."""
+    if not interrupt.requested or doc.status is not RunStatus.CANCELLED:
+        return False
+    click.echo(f"interrupted: continue with `runfleet resume {doc.run_id} --local`", err=as_json)
+    return True
 
 
 @click.command("run")
@@ -48,14 +90,17 @@ async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool
     """
     loaded = load_workflow_file(file)
     async with open_env() as env:
-        doc = await ops.run_local(
-            env,
-            loaded,
-            parse_pairs(vars_, "--var"),
-            on_event=progress_printer(not quiet and not as_json),
-        )
+        with stop_on_ctrl_c() as interrupt:
+            doc = await ops.run_local(
+                env,
+                loaded,
+                parse_pairs(vars_, "--var"),
+                on_event=progress_printer(not quiet and not as_json),
+                interrupt=interrupt,
+            )
     echo_json(run_view(doc)) if as_json else echo_run(doc)
-    if doc.status in RUN_FAILED:
+    echo_interrupted(doc, interrupt, as_json=as_json)
+    if doc.status in RUN_FAILED:  # a Ctrl-C's `cancelled` too: the run did not get done
         raise SystemExit(EXIT_RUN_FAILED)
 
 
@@ -123,23 +168,28 @@ async def resume_cmd(
         budget=budget_overrides(max_duration, max_cost_usd, max_iterations),
         new_source=load_workflow_file(file) if file is not None else None,
     )
-    async with open_env() as env:
+    interrupt: LocalInterrupt | None = None
+    async with open_env(create_store=False) as env:
         if not local:
             if auto_resume:
                 raise click.UsageError("--auto-resume goes with --local")
             doc = await ops.resume(env, run_id, request)
         else:
-            doc = await ops.resume_local(
-                env,
-                run_id,
-                request,
-                auto_resume=auto_resume,
-                on_event=progress_printer(not quiet and not as_json),
-            )
+            with stop_on_ctrl_c() as interrupt:
+                doc = await ops.resume_local(
+                    env,
+                    run_id,
+                    request,
+                    auto_resume=auto_resume,
+                    on_event=progress_printer(not quiet and not as_json),
+                    interrupt=interrupt,
+                )
     # Through the queue, say what was queued even when a runner already took the run (the
     # document is read after the publish); a local resume ran it, so it says how it ended.
     queued = not local
     echo_json(run_view(doc, just_queued=queued)) if as_json else echo_run(doc, just_queued=queued)
+    if interrupt is not None and echo_interrupted(doc, interrupt, as_json=as_json):
+        raise SystemExit(EXIT_INTERRUPTED)
 
 
 @click.command("launch")
@@ -183,9 +233,13 @@ async def cancel_cmd(run_id: str, as_json: bool) -> None:
     Example:
       runfleet cancel 01a2321e-d5
     """
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         doc = await ops.cancel(env, run_id)
-    echo_json(run_view(doc)) if as_json else echo_run(doc)
+    if as_json:
+        echo_json(run_view(doc))  # `cancel_requested: true` says the same to a program
+        return
+    echo_run(doc)
+    click.echo(cancel_line(doc))
 
 
 @click.command("status")
@@ -199,7 +253,7 @@ async def status_cmd(run_id: str, as_json: bool) -> None:
     Example:
       runfleet status 01a2321e-d5
     """
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         doc = await ops.get_run(env, run_id)
         retry = await waiting_retry(env, doc)
     echo_json(run_view(doc, retry)) if as_json else echo_run(doc, retry)
@@ -238,7 +292,7 @@ async def runs_cmd(
       runfleet runs --status failed_resumable --since 1h
       runfleet runs --workflow hello --limit 10
     """
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         page = await ops.list_runs(
             env,
             statuses=[RunStatus(s) for s in statuses],
@@ -279,7 +333,7 @@ async def events_cmd(
         await _timeline(run_id, after, follow, as_json)
         return
     collected: list[Event] = []
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         async for events in ops.event_batches(env, run_id, after=after, follow=follow):
             collected.extend(events)
             if not as_json:
@@ -292,7 +346,7 @@ async def events_cmd(
 async def _timeline(run_id: str, after: int, follow: bool, as_json: bool) -> None:
     """`events --deliveries` (SPEC v2.2 §10b): the run's events and delivery log, merged."""
     collected: list[ops.TimelineEntry] = []
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         async for batch in ops.timeline_batches(env, run_id, after=after, follow=follow):
             collected.extend(batch)
             if not as_json:
@@ -337,7 +391,7 @@ async def rewind_cmd(run_id: str, node: str, file: Path | None, as_json: bool) -
       runfleet rewind 01a2321e-d5 --node review
     """
     new_source = load_workflow_file(file) if file is not None else None
-    async with open_env() as env:
+    async with open_env(create_store=False) as env:
         result = await ops.rewind(env, run_id, node, new_source=new_source)
     if as_json:
         echo_json({**run_view(result.run), "dropped_nodes": result.dropped})

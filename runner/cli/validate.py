@@ -4,7 +4,8 @@ writing a workflow sees the graph the engine will walk before anything runs.
 
 The checks are the loader's own (the same ones `launch` and `run` apply, SPEC §6.1): a file that
 loads here loads there. An invalid file exits 3 like every refusal, listing every problem with
-its file, field and line, not only the first.
+its file, field and line, not only the first. A file that is not there is a bad argument, not a
+bad workflow: a usage error (exit 2), as `run`, `launch` and every `--file` answer it.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from runner.cli.views import echo_json
 
 
 @click.command("validate")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @json_option
 @command
 async def validate_cmd(file: Path, as_json: bool) -> None:
     """Load and check a workflow file (no fleet, no store); print its nodes and edges.
 
     Exit 0 when the file loads, 3 when it does not (each problem names the file, the field and
-    the line).
+    the line), 2 when there is no such file.
 
     Example: runfleet validate examples/approval.yaml
     """

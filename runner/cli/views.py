@@ -89,7 +89,8 @@ def echo_run(
     v = run_view(doc, retry, just_queued=just_queued)
     click.echo(f"run       {v['run_id']}")
     click.echo(f"workflow  {v['workflow']['name']}  (attempt {v['attempt']}, {v['origin']})")
-    click.echo(f"status    {v['status']}" + (f", {retry.describe()}" if retry else ""))
+    said = ", cancel requested" if doc.cancel_requested and doc.status is RunStatus.RUNNING else ""
+    click.echo(f"status    {v['status']}{said}" + (f", {retry.describe()}" if retry else ""))
     if v["failure_code"]:
         click.echo(f"failure   {v['failure_code']}: {v['error']}")
     if v["restart_node"]:
@@ -111,6 +112,17 @@ def echo_run(
     for node, out in v["outputs"].items():
         text = json.dumps(out, default=str)
         click.echo(f"  {node} = {text if len(text) <= 200 else text[:197] + '...'}")
+
+
+def cancel_line(doc: RunDocument) -> str:
+    """What `runfleet cancel` did: a running run only has the cancel requested (its runner
+    checkpoints and stops on its own time), which its status alone, still `running`, hides."""
+    if doc.status is RunStatus.CANCELLED:
+        return "cancelled"
+    return (
+        "cancel requested: the runner checkpoints and stops;"
+        f" `runfleet status {doc.run_id}` shows when it has"
+    )
 
 
 def _describe_resume(spec: dict[str, Any]) -> str:

@@ -211,6 +211,7 @@ RUN_ROUTES: tuple[Route, ...] = (
             Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 10_000}),
             Param("after", "query", {"type": "string"}, "next_after of the page before"),
         ),
+        also=(404,),  # an `after` no run of the caller's has: run_not_found
     ),
     Route(
         "GET",

@@ -28,6 +28,7 @@ from runner.console.models import (
     RunOut,
 )
 from runner.console.routing import Call, Param, Route, invalid, parse_int
+from runner.operations.dlq import DLQ_REASONS
 from store import RunfleetError, RunNotFound
 from store.settings import DURATION_FORM
 from store.timeutil import parse_duration
@@ -58,13 +59,28 @@ def parse_older_than(raw: str | None) -> timedelta | None:
         ) from None
 
 
+def parse_reason(raw: str | None) -> str | None:
+    """A DLQ filter's `reason`: one the fleet writes, or a typed 400 naming those accepted (a
+    mistyped reason would match nothing and read as "no such records")."""
+    if raw is None or raw in DLQ_REASONS:
+        return raw
+    raise invalid(f"reason: {raw[:40]!r} is not accepted: expected one of {', '.join(DLQ_REASONS)}")
+
+
 async def selected_ids(call: Call, selection: DlqSelection, *, purge: bool) -> list[int]:
     """The ids a replay or purge acts on: each named id must be the caller's (else
-    `record_not_found`, and nothing is done), or with `all` the caller's records that match."""
+    `record_not_found`, and nothing is done), or with `all` the caller's records that match.
+    The filters narrow `all` only; beside ids they would be dropped unsaid, so they are refused."""
     if (selection.ids is None) == (not selection.all):
         raise invalid("give either ids or all: true", "name the records, or ask for all")
     if not purge and selection.older_than is not None:
         raise invalid("older_than narrows a purge, not a replay")
+    given = [f for f in ("reason", "older_than") if getattr(selection, f) is not None]
+    if selection.ids is not None and given:
+        raise invalid(
+            f"{' and '.join(given)} narrow{'s' if len(given) == 1 else ''} all: true, not ids",
+            f"drop {' and '.join(given)}, or ask for all instead of naming ids",
+        )
     records = await ops.select_records(
         call.env,
         selection.ids,
@@ -81,7 +97,7 @@ async def selected_ids(call: Call, selection: DlqSelection, *, purge: bool) -> l
 async def list_records(call: Call) -> DlqList:
     records = await ops.list_records(
         call.env,
-        reason=call.query_str("reason"),
+        reason=parse_reason(call.query_str("reason")),
         older_than=parse_older_than(call.query_str("older_than")),
     )
     return DlqList(records=[DlqRecordOut.of(r) for r in await callers_records(call, records)])
@@ -110,8 +126,15 @@ def _error(exc: RunfleetError | None) -> ErrorDetail | None:
     return None if exc is None else ErrorDetail.model_validate(exc.to_dict())
 
 
+def _checked(selection: DlqSelection) -> DlqSelection:
+    """The API's selection with its reason checked. Here rather than in `selected_ids`, which
+    the console's forms share: they offer the reasons of the records a page lists."""
+    parse_reason(selection.reason)
+    return selection
+
+
 async def replay(call: Call) -> ReplayResponse:
-    ids = await selected_ids(call, call.parsed(DlqSelection), purge=False)
+    ids = await selected_ids(call, _checked(call.parsed(DlqSelection)), purge=False)
     report = await ops.replay_records(call.env, ids)
     return ReplayResponse(
         outcomes=[
@@ -128,7 +151,7 @@ async def replay(call: Call) -> ReplayResponse:
 
 
 async def purge(call: Call) -> PurgeResponse:
-    ids = await selected_ids(call, call.parsed(DlqSelection), purge=True)
+    ids = await selected_ids(call, _checked(call.parsed(DlqSelection)), purge=True)
     return PurgeResponse(purged=await ops.purge_records(call.env, ids))
 
 
@@ -142,7 +165,7 @@ DLQ_ROUTES: tuple[Route, ...] = (
         list_records,
         DlqList,
         params=(
-            Param("reason", "query", {"type": "string"}),
+            Param("reason", "query", {"type": "string", "enum": list(DLQ_REASONS)}),
             Param("older_than", "query", {"type": "string"}, f"a duration: {DURATION_FORM}"),
         ),
     ),

@@ -10,9 +10,11 @@ reason to listen on every interface by default.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -43,6 +45,66 @@ BODY_MAX = 4 * 1024 * 1024
 """A workflow source and its vars, or a resume's answers: never near this."""
 
 Next = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LISTEN_BACKLOG = 128
+"""aiohttp's own default, for a socket bound before the server (`listening_socket`)."""
+
+
+class BindFailed(Exception):
+    """The server cannot listen where it was told. It says which of the two a person must
+    change (`culprit`) and why, in their words; the caller knows which flag set it, and turns
+    this into a usage error naming that flag (SPEC §10: exit 2, never `internal`)."""
+
+    def __init__(self, host: str, port: int, culprit: Literal["host", "port"], reason: str):
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+        self.host = host
+        self.port = port
+        self.culprit: Literal["host", "port"] = culprit
+        self.reason = reason
+
+
+_BIND_ERRNOS: dict[int, tuple[Literal["host", "port"], str]] = {
+    errno.EADDRINUSE: ("port", "address already in use on {host} (something listens there)"),
+    errno.EACCES: ("port", "permission denied (ports below 1024 need privileges)"),
+    errno.EADDRNOTAVAIL: ("host", "cannot bind that address (no interface of this machine has it)"),
+}
+
+
+def bind_failure(exc: OSError, host: str, port: int) -> BindFailed:
+    """A bind's `OSError` (or a name lookup's `gaierror`), read as the host or the port."""
+    if not isinstance(exc, socket.gaierror) and exc.errno in _BIND_ERRNOS:
+        culprit, reason = _BIND_ERRNOS[exc.errno]
+        return BindFailed(host, port, culprit, reason.format(host=host))
+    return BindFailed(host, port, "host", f"cannot bind that address ({exc.strerror or exc})")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket already listening, for `serve(sock=...)`: `runfleet up` binds its API's port
+    before it starts a fleet, so a port in use refuses with nothing started and nothing to
+    stop, and no other process can take the port in between. `BindFailed` if it cannot."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise bind_failure(exc, host, port) from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise bind_failure(exc, host, port) from exc
+    return sock
+
+
+def url_of(address: Any) -> str:
+    """`http://host:port` of a listening socket's address (an IPv6 host in brackets)."""
+    host, port = str(address[0]), int(address[1])
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 TOKENS = web.AppKey("runfleet.tokens", TokenBook)
 OPENAPI = web.AppKey("runfleet.openapi", dict[str, Any])
 
@@ -132,9 +194,11 @@ async def serve(
     *,
     started: Callable[[str], None] | None = None,
     runners: RunnerSource | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve until cancelled: open the environment from `RUNFLEET_*`, read the tokens, listen.
-    `started` is told the URL once the socket listens."""
+    """Serve until cancelled: open the environment from `RUNFLEET_*`, read the tokens, listen
+    on `host`:`port` — or on `sock` when the caller bound it already (`listening_socket`).
+    `started` is told the URL once the socket listens; `BindFailed` if it cannot listen."""
     async with open_env(client="runfleet-console") as env:
         tokens = load_tokens(env.tenant)
         if not len(tokens):
@@ -145,11 +209,15 @@ async def serve(
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
-            await site.start()
+            site: web.BaseSite = (
+                web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
+            )
+            try:
+                await site.start()
+            except OSError as exc:
+                raise bind_failure(exc, host, port) from exc
             if started is not None:
-                bound = runner.addresses[0] if runner.addresses else (host, port)
-                started(f"http://{bound[0]}:{bound[1]}")
+                started(url_of(runner.addresses[0] if runner.addresses else (host, port)))
             await asyncio.Event().wait()
         finally:
             await runner.cleanup()

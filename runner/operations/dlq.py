@@ -22,6 +22,22 @@ from runner.operations.errors import is_unreachable
 from runner.operations.models import RecordDetail, ReplayOutcome, ReplayReport
 from store import RunDocument, RunfleetError, RunNotFound, utcnow
 
+DLQ_REASONS: tuple[str, ...] = (
+    "attempt_ahead",
+    "internal_error",
+    "malformed",
+    "max_deliveries",
+    "no_claim_path",
+    "retries_exhausted",
+    "run_not_found",
+    "tenant_mismatch",
+    "unsupported_schema",
+)
+"""Every `reason` the fleet writes on a record (SPEC §5.2, §5.6: the runner's admission and
+disposition, the backstop). A filter naming anything else can only match nothing, so the
+operator surfaces refuse it as a mistyped flag rather than answer an empty list.
+`tests/operations/test_dlq_reasons.py` keeps this in step with the code that writes them."""
+
 
 def _dlq(store: DlqStore | None) -> DlqStore:
     assert store is not None, "Env.publisher() always has a DLQ store"

@@ -28,7 +28,7 @@ from store import BlobStore, Event, InvalidStoreUrl, RunStore
 from store.blob_url import open_blob_store
 from store.config import StoreSettings
 from store.settings import SettingProblem, SettingsInvalid
-from store.url import open_store
+from store.url import open_store, redact
 
 
 @dataclass
@@ -120,23 +120,38 @@ class Env:
 
 
 @contextlib.contextmanager
-def _setting(*names: str) -> Iterator[None]:
+def _setting(*names: str, value: str | None = None) -> Iterator[None]:
     """A store URL that names no backend runfleet can open is a bad setting (exit 2), named
-    as the user typed it, not an internal error."""
+    as the user typed it (with its `value` when one variable was set), not an internal error."""
     try:
         yield
     except InvalidStoreUrl as exc:
-        problem = SettingProblem(
-            names, f"{' / '.join(names)}: {exc.message}", exc.remedy or "fix the URL"
-        )
+        message = f"{' / '.join(names)}: {exc.message}"
+        if value is not None:
+            shown = redact(value)
+            message = f"{names[0]}={shown}: {exc.message.removeprefix(f'{shown}: ')}"
+        problem = SettingProblem(names, message, exc.remedy or "fix the URL")
         raise SettingsInvalid([problem]) from exc
 
 
 @contextlib.asynccontextmanager
-async def open_env(data: Path | None = None, *, client: str = "runfleet-cli") -> AsyncIterator[Env]:
+async def open_env(
+    data: Path | None = None, *, client: str = "runfleet-cli", create_store: bool = True
+) -> AsyncIterator[Env]:
+    """`create_store=False` is for a command that only reads, or acts on runs already there
+    (resume, cancel, rewind, sweep, gc, dlq replay/purge): an explicit `RUNFLEET_STORE_URL`
+    naming a SQLite file that does not exist is then a usage error, not a new empty store that
+    answers "no runs" and hides a typo. An explicit URL's directory is never created; the
+    embedded default under `RUNFLEET_DATA` is, by every command, so a fresh machine's first
+    command works."""
     settings = StoreSettings() if data is None else StoreSettings(data=data)
-    with _setting("RUNFLEET_STORE_URL"):
-        store = await open_store(settings.effective_store_url)
+    explicit = settings.store_url
+    with _setting("RUNFLEET_STORE_URL", value=explicit):
+        store = await open_store(
+            settings.effective_store_url,
+            create=create_store or explicit is None,
+            parents=explicit is None,
+        )
     try:
         with _setting("RUNFLEET_BLOB_URL", "RUNFLEET_S3_ENDPOINT", "RUNFLEET_S3_REGION"):
             blobs = open_blob_store(settings.effective_blob_url)

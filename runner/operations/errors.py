@@ -9,6 +9,9 @@ exit 1. One table here, so the CLI, the console and the API classify alike.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 from engine.attachment_intake import LaunchFailed
 from engine.errors import WorkflowInvalid
 from engine.sandbox.kubernetes.settings import KubernetesSettingsInvalid
@@ -33,6 +36,40 @@ class RunIdAmbiguous(Refusal, code="run_id_ambiguous"):
 
     def to_dict(self) -> dict[str, object]:
         return {**super().to_dict(), "candidates": list(self.candidates)}
+
+
+class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
+    """A second `runfleet up` on a data dir whose fleet runs: it would start a second
+    nats-server on the same JetStream store, a second sweeper over the same SQLite file, and
+    take `nats.url` from the fleet the other commands use."""
+
+    def __init__(self, data: Path, pid: int | None, orphans: Sequence[int] = ()) -> None:
+        if orphans:
+            # The `up` is gone (SIGKILL) but the servers and runners it started still run.
+            pids = " ".join(str(p) for p in orphans)
+            who = f"processes left by a `runfleet up` that is gone: pids {pids}"
+            stop = f"`kill {pids}`"
+        elif pid is not None:
+            who, stop = f"pid {pid}", f"`kill {pid}`"
+        else:
+            who, stop = "a process that has not written its pid yet", "`kill` on that `up`"
+        super().__init__(
+            f"a fleet is already running on {data} ({who}); one data dir serves one fleet",
+            remedy=f"use that fleet (every other command finds it through {data}/nats.url), or"
+            f" stop it (Ctrl-C in its shell, or {stop}), or start another fleet with"
+            " `--data DIR` (or RUNFLEET_DATA) naming another directory",
+        )
+        self.data = data
+        self.pid = pid if not orphans else None
+        self.orphans = tuple(orphans)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **super().to_dict(),
+            "data": str(self.data),
+            "pid": self.pid,
+            "orphans": list(self.orphans),
+        }
 
 
 USAGE: tuple[type[RunfleetError], ...] = (SettingsInvalid, KubernetesSettingsInvalid)

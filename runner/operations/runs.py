@@ -10,6 +10,7 @@ keeps — and an operation only wires them to the environment.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,16 @@ from runner.operations.env import Env
 from runner.operations.ordering import queued_before_claimed
 from runner.operations.retry_wait import will_retry
 from runner.operations.run_ids import resolve_run_id
-from store import Event, RunDocument, RunPage, RunQuery, RunStatus, StagedFile, utcnow
+from store import (
+    Event,
+    RunDocument,
+    RunNotFound,
+    RunPage,
+    RunQuery,
+    RunStatus,
+    StagedFile,
+    utcnow,
+)
 
 MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 """While a run is in one of these, `follow` keeps reading its events."""
@@ -79,11 +89,19 @@ async def run_local(
     *,
     tenant: str | None = None,
     on_event: OnEvent | None = None,
+    interrupt: engine_local.LocalInterrupt | None = None,
 ) -> RunDocument:
-    """Execute a new `local` run in this process to its outcome (no queue)."""
+    """Execute a new `local` run in this process to its outcome (no queue). `interrupt`: a
+    person's stop, which ends the run `cancelled` with its checkpoint and lease released."""
     return await engine_local.run_local(
-        env.local(on_event), loaded, inputs, tenant=tenant or env.tenant
+        _local(env, on_event, interrupt), loaded, inputs, tenant=tenant or env.tenant
     )
+
+
+def _local(
+    env: Env, on_event: OnEvent | None, interrupt: engine_local.LocalInterrupt | None
+) -> engine_local.LocalEnv:
+    return dataclasses.replace(env.local(on_event), interrupt=interrupt)
 
 
 async def get_run(env: Env, run_id: str) -> RunDocument:
@@ -105,18 +123,30 @@ async def list_runs(
 ) -> RunPage:
     """One page of the tenant's runs, oldest first or `newest_first` (keyset paging on the
     time-ordered run id; `after` continues in the same direction)."""
+    tenant = tenant or env.tenant
     return await env.store.list_runs(
         RunQuery(
             statuses=list(statuses),
             failure_codes=list(failure_codes),
             created_since=utcnow() - created_within if created_within is not None else None,
-            tenant=tenant or env.tenant,
+            tenant=tenant,
             workflow=workflow,
-            after_run_id=after,
+            after_run_id=await _page_after(env, after, tenant) if after is not None else None,
             newest_first=newest_first,
             limit=limit,
         )
     )
+
+
+async def _page_after(env: Env, after: str, tenant: str) -> str:
+    """The run `after` names (an id or a unique prefix, as everywhere a run is named). The
+    keyset compares ids as strings, so an id no run has would page from wherever it sorts —
+    usually the start — and a typo would silently list the wrong page: `run_not_found`
+    instead. Another tenant's run is not found either, as `owned_run` answers in the API."""
+    run_id = await resolve_run_id(env, after)
+    if (await env.store.get_run(run_id)).tenant != tenant:
+        raise RunNotFound(f"no run {after!r}")
+    return run_id
 
 
 async def event_batches(
@@ -218,12 +248,14 @@ async def resume_local(
     *,
     auto_resume: int = 0,
     on_event: OnEvent | None = None,
+    interrupt: engine_local.LocalInterrupt | None = None,
 ) -> RunDocument:
     """Resume in this process (SPEC §5.3 Local), re-claiming up to `auto_resume` times while
-    the outcome is an auto-resumable failure."""
+    the outcome is an auto-resumable failure; `interrupt` as in `run_local` (no re-claim once
+    it was asked)."""
     run_id = await resolve_run_id(env, run_id)
     return await engine_local.resume_local(
-        env.local(on_event), run_id, request, auto_resume=auto_resume
+        _local(env, on_event, interrupt), run_id, request, auto_resume=auto_resume
     )
 
 

@@ -1,0 +1,78 @@
+"""`answers_required` (SPEC §4 Resume, §6.4): a resume of a `paused_waiting_human` run without
+answers names the questions that must be answered — the required ones, never the optional ones
+a person may leave out. A node whose questions are all optional still needs one answer (SPEC §4:
+no answers at all is `answers_required`); the questions left out become `None`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from engine.errors import AnswersRequired
+from engine.loader import LoadedWorkflow, load_workflow
+from engine.local import LocalEnv, resume_local, run_local
+from engine.resume import ResumeRequest, judge_resume
+from store import RunStatus
+
+OPTIONAL_ONLY = load_workflow(
+    """
+name: optional_only
+entry: ask
+nodes:
+  ask:
+    kind: human
+    message: anything to add?
+    questions:
+      - name: note
+        type: string
+        required: false
+      - name: count
+        type: int
+        required: false
+  done:
+    kind: compute
+    set:
+      note: outputs.ask.note or 'none'
+edges:
+  - from: ask
+    to: done
+""",
+    "optional_only.yaml",
+)
+
+
+async def test_answers_required_names_only_the_required_questions(
+    env: LocalEnv, load: Callable[[str], LoadedWorkflow]
+) -> None:
+    paused = await run_local(env, load("examples/approval"), {})
+    assert paused.status is RunStatus.PAUSED_WAITING_HUMAN
+
+    with pytest.raises(AnswersRequired) as info:
+        judge_resume(paused, ResumeRequest())
+
+    # `approval` asks `approved` (required) and `note` (optional).
+    assert info.value.missing == ("approved",)
+    assert info.value.message == "answers required: approved"
+    assert info.value.code == "answers_required"
+
+
+async def test_answers_required_when_a_node_whose_questions_are_all_optional_gets_no_answer(
+    env: LocalEnv,
+) -> None:
+    """SPEC §4: `paused_waiting_human` resumed without answers is refused, whatever the
+    questions say; one answer is enough for an all-optional node, the rest become `None`."""
+    paused = await run_local(env, OPTIONAL_ONLY, {})
+    assert paused.status is RunStatus.PAUSED_WAITING_HUMAN
+
+    with pytest.raises(AnswersRequired) as info:
+        judge_resume(paused, ResumeRequest())
+    assert info.value.missing == ("note", "count")
+    assert "at least one answer" in info.value.message
+
+    done = await resume_local(env, paused.run_id, ResumeRequest(cli_answers={"note": "fine"}))
+
+    assert done.status is RunStatus.FINISHED, (done.failure_code, done.error)
+    assert done.checkpoint is not None
+    assert done.checkpoint.outputs["ask"] == {"note": "fine", "count": None}
+    assert done.checkpoint.outputs["done"] == {"note": "fine"}
