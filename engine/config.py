@@ -13,8 +13,21 @@ from store.settings import (
     env_name,
     format_duration,
 )
-from store.sizes import Size
+from store.sizes import Size, format_size
 from store.timeutil import Duration
+
+UNCOMPRESSED_PER_CAP = 8
+"""The default bound of a sandbox scratch's plain tar (`RUNFLEET_SCRATCH_MAX_UNCOMPRESSED`), as a
+multiple of the compressed cap: 2 GiB at the default 256 MiB. A scratch that is not a host
+directory reaches the host as a plain tar first (`Sandbox.copy_out`); only its re-pack meets the
+compressed cap, so without this bound a huge or hostile scratch fills the runner's disk before
+any cap applies. Gzip level 1 shrinks a mixed tree about 2x (docs/performance.md §6: 39.6 MiB
+to 21.2 MiB), text and logs up to about 10x: a mixed scratch at 8x the cap would pass the cap
+four times over, so the bound refuses early what the cap would refuse late, while the host
+holds at most the tar, its extraction and the archive, about 2 x 8 + 1 = 17 caps per bank in
+flight. A scratch that compresses more than 8x (logs, zeros) is the case for setting the
+variable. A multiple by default, not a fixed size, so raising `RUNFLEET_SCRATCH_CAP` alone
+raises both."""
 
 
 class EngineSettings(RunfleetSettings):
@@ -24,6 +37,12 @@ class EngineSettings(RunfleetSettings):
         json_schema_extra={"accepted": "a sandbox driver name: local or kubernetes"},
     )
     scratch_cap: Size = Field(default=256 * 1024 * 1024, description="bank cap, bytes")
+    scratch_max_uncompressed: Size | None = Field(
+        default=None,
+        ge=1,
+        description=f"a pod scratch's plain tar, default {UNCOMPRESSED_PER_CAP} x the bank cap",
+        json_schema_extra={"accepted": "a positive size such as 2GiB, 1GB or plain bytes"},
+    )
     output_cap: Size = Field(default=1024 * 1024, ge=1, description="a node's stored output")
     lease_ttl: Duration = timedelta(seconds=30)
     lease_interval: Duration = timedelta(seconds=10)
@@ -65,6 +84,15 @@ class EngineSettings(RunfleetSettings):
                 f"lower {margin} to {format_duration(t.ttl - 2 * t.interval)} or less, or unset"
                 f" it (default {ttl}/6)",
             )
+        if self.scratch_uncompressed_bound < self.scratch_cap:
+            bound, cap = env_name("scratch_max_uncompressed"), env_name("scratch_cap")
+            raise SettingsRelation(
+                ("scratch_max_uncompressed", "scratch_cap"),
+                f"{bound} must be at least {cap} (the cap counts the gzip of that tar: a lower"
+                " bound would make the cap unreachable)",
+                f"raise {bound} to {format_size(self.scratch_cap)} or more, or unset it (default"
+                f" {UNCOMPRESSED_PER_CAP} x {cap})",
+            )
         if self.scratch_bank_budget > self.teardown_budget:
             bank, teardown = env_name("scratch_bank_budget"), env_name("teardown_budget")
             raise SettingsRelation(
@@ -82,6 +110,13 @@ class EngineSettings(RunfleetSettings):
             skew=self.lease_skew,
             loss_margin=self.lease_loss_margin or self.lease_ttl / 6,
         )
+
+    @property
+    def scratch_uncompressed_bound(self) -> int:
+        """What a bank lets a sandbox's `copy_out` write to the host before it is cut off."""
+        if self.scratch_max_uncompressed is not None:
+            return self.scratch_max_uncompressed
+        return UNCOMPRESSED_PER_CAP * self.scratch_cap
 
     @property
     def unwind_ceiling(self) -> timedelta:

@@ -30,18 +30,19 @@ from typing import Literal
 
 from tenacity import (
     AsyncRetrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
     wait_exponential,
 )
 
 from engine.archive import ArchiveOverCap, ArchiveRefused, check_archive, make_archive
+from engine.config import UNCOMPRESSED_PER_CAP
 from engine.events import EventLog
 from engine.failures import FailureCode
 from engine.fencing import FencedWriter, LeaseLost
 from engine.outcome import Failed
-from engine.sandbox.errors import SandboxArchiveInvalid, SandboxError
+from engine.sandbox.errors import SandboxArchiveInvalid, SandboxCopyTooLarge, SandboxError
 from engine.sandbox.protocols import Sandbox
 from engine.workflow import SANDBOX_KINDS
 from store import (
@@ -84,6 +85,12 @@ _RANK = {"unknown": 0, "unbankable": 0, "empty": 1, "banked": 2}
 """files > empty > unknown: a later try never records less (§7.3)."""
 
 _TRANSIENT = (StoreError, OSError, SandboxError)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth another try within the budget. A scratch past the copy's bound is not: the same
+    scratch passes it again, so it is recorded at once, as one over the cap is."""
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, SandboxCopyTooLarge)
 
 
 class _NoBlobStore(Exception):
@@ -240,7 +247,14 @@ class ScratchBank:
 
     `host_scratch` is the run's scratch on this host; a driver whose scratch *is* that directory
     (`capabilities.host_backed_scratch`, the local driver) is read and written there directly,
-    any other through `copy_out` / `copy_in` of `sandbox_scratch` inside the sandbox."""
+    any other through `copy_out` / `copy_in` of `sandbox_scratch` inside the sandbox.
+
+    `max_uncompressed_bytes` bounds that `copy_out`'s plain tar, which lands on this host
+    before the compressed `cap_bytes` can apply; the copy is cut as it passes the bound, so a
+    huge or hostile scratch costs the host at most the bound, and the scratch is recorded
+    `unbankable` exactly as one over the cap (§7.3). `None`: `UNCOMPRESSED_PER_CAP` x the cap,
+    `RUNFLEET_SCRATCH_MAX_UNCOMPRESSED`'s default (`engine.config`, where the multiple is
+    argued)."""
 
     def __init__(
         self,
@@ -254,6 +268,7 @@ class ScratchBank:
         budget_s: float,
         host_scratch: Path,
         sandbox_scratch: Path = Path("/scratch"),
+        max_uncompressed_bytes: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.token = token
@@ -264,6 +279,11 @@ class ScratchBank:
         self.budget_s = budget_s
         self.host_scratch = host_scratch
         self.sandbox_scratch = sandbox_scratch
+        self.max_uncompressed_bytes = (
+            UNCOMPRESSED_PER_CAP * cap_bytes
+            if max_uncompressed_bytes is None
+            else max_uncompressed_bytes
+        )
         self._said = False
         """`sandbox_scratch_banked` rode with a record write of this bank."""
         self._started = 0.0
@@ -312,6 +332,11 @@ class ScratchBank:
                 result = BankOutcome("unbankable", bytes=exc.written, reason=f"over the cap: {exc}")
                 result.unquiesced = unquiesced
                 await self._record_quietly(result, progress)
+            except SandboxCopyTooLarge as exc:
+                reason = f"over the cap: {exc}; the bound is RUNFLEET_SCRATCH_MAX_UNCOMPRESSED"
+                result = BankOutcome("unbankable", bytes=exc.received, reason=reason)
+                result.unquiesced = unquiesced
+                await self._record_quietly(result, progress)
             except Exception as exc:  # noqa: BLE001 - the budget is spent: say so, record it
                 if recorded < 0:
                     read = result.state != "unknown" or isinstance(exc, _NoBlobStore)
@@ -346,7 +371,7 @@ class ScratchBank:
 
     def _retrying(self, deadline: float) -> AsyncRetrying:
         return AsyncRetrying(
-            retry=retry_if_exception_type(_TRANSIENT),
+            retry=retry_if_exception(_transient),
             stop=stop_after_delay(max(deadline - time.monotonic(), 0.0)) | stop_after_attempt(8),
             wait=wait_exponential(multiplier=0.05, max=2.0),
             reraise=True,
@@ -362,7 +387,9 @@ class ScratchBank:
             source = tmp / "copied"
             _empty_dir(source)
             plain = tmp / "copied.tar"
-            await sandbox.copy_out(self.sandbox_scratch, plain)
+            await sandbox.copy_out(
+                self.sandbox_scratch, plain, max_bytes=self.max_uncompressed_bytes
+            )
             skipped = await asyncio.to_thread(_untar, plain, source)
             if skipped:
                 log.info(

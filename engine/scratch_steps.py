@@ -85,6 +85,7 @@ def _bank(execution: Execution) -> ScratchBank:
         cap_bytes=int(settings.scratch_cap),
         budget_s=settings.scratch_bank_budget.total_seconds(),
         host_scratch=execution.scratch,
+        max_uncompressed_bytes=settings.scratch_uncompressed_bound,
     )
 
 

@@ -36,6 +36,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     │   ├── SandboxRecordCorrupt                sandbox_record_corrupt
     │   ├── SandboxExecFailed                   sandbox_exec_failed
     │   ├── SandboxCopyFailed                   sandbox_copy_failed
+    │   │   ├── SandboxCopyTooLarge             sandbox_copy_too_large
     │   │   └── SandboxArchiveInvalid           sandbox_archive_invalid
     │   ├── AttachmentsUnfetchable              attachments_unfetchable
     │   ├── AttachmentsUndeliverable            attachments_undeliverable
@@ -73,8 +74,8 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── StaleRecord                         stale_record
         ├── RecordNotReplayable                 record_not_replayable
         ├── RunIdAmbiguous                      run_id_ambiguous
-        ├── AttachmentNameInvalid               attachment_name_invalid
         ├── FleetAlreadyRunning                 fleet_already_running
+        ├── AttachmentNameInvalid               attachment_name_invalid
         ├── AttachmentTooLarge                  attachment_too_large
         ├── TooManyAttachments                  too_many_attachments
         ├── StagedUploadNotFound                upload_not_found

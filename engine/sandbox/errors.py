@@ -16,6 +16,7 @@ Errors without a `failure_code` are classified by the caller, who knows what the
         ├── SandboxRecordCorrupt        a local sandbox record is not what we wrote
         ├── SandboxExecFailed           a command could not be run, or its stream broke
         └── SandboxCopyFailed           a tar stream in or out failed on the way
+            ├── SandboxCopyTooLarge     a tar out passed the bound its caller set
             └── SandboxArchiveInvalid   the archive itself does not extract
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "SandboxArchiveInvalid",
     "SandboxCapacity",
     "SandboxCopyFailed",
+    "SandboxCopyTooLarge",
     "SandboxError",
     "SandboxExecFailed",
     "SandboxImageInvalid",
@@ -120,3 +122,21 @@ class SandboxCopyFailed(SandboxError, code="sandbox_copy_failed"):
 
 class SandboxArchiveInvalid(SandboxCopyFailed, code="sandbox_archive_invalid"):
     """The archive itself does not extract."""
+
+
+class SandboxCopyTooLarge(SandboxCopyFailed, code="sandbox_copy_too_large"):
+    """A copy out whose tar stream passed the `max_bytes` its caller set. The stream is cut as it
+    passes the bound and the partial host file removed, so a huge (or hostile) directory costs
+    the host at most the bound in disk, never the whole tar. No failure code of its own: the
+    same directory passes the bound again, so the caller decides, not a retry (the bank records
+    the scratch `unbankable`, as one over its compressed cap, §7.3). `received` is how much of
+    the stream had arrived when it was cut: at most the bound plus the one chunk that passed it."""
+
+    def __init__(self, src: str, max_bytes: int, received: int) -> None:
+        super().__init__(
+            f"the tar of {src} passed its bound of {max_bytes} bytes uncompressed "
+            f"(cut after {received} bytes)"
+        )
+        self.src = src
+        self.max_bytes = max_bytes
+        self.received = received

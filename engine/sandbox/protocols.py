@@ -134,10 +134,16 @@ class Sandbox(Protocol):
         command and propagates."""
         ...
 
-    async def copy_out(self, src: Path, dest_tar: Path) -> None:
+    async def copy_out(self, src: Path, dest_tar: Path, *, max_bytes: int | None = None) -> None:
         """Write the directory `src` (a path inside the sandbox; relative means relative to the
         workspace) as an uncompressed tar to the host file `dest_tar`, members relative to
-        `src`. `SandboxCopyFailed` if it cannot be read or written."""
+        `src`. `SandboxCopyFailed` if it cannot be read or written.
+
+        `max_bytes` bounds the tar, counted while it streams: the moment it would pass the
+        bound the copy stops (a remote one cuts its stream, so the sandbox stops sending), the
+        partial file is removed and `SandboxCopyTooLarge` raised, so `dest_tar` never holds
+        more than `max_bytes`. A bound checked after the copy would let a huge, or hostile,
+        sandbox fill the host's disk first. `None`: unbounded."""
         ...
 
     async def copy_in(self, tar: Path, dest_dir: Path) -> None:

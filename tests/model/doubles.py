@@ -381,7 +381,7 @@ class NullSandbox:
     async def exec(self, command: str, **_: Any) -> Any:
         raise SandboxLost("model: nothing runs in the model's sandbox")
 
-    async def copy_out(self, src: Path, dest_tar: Path) -> None:
+    async def copy_out(self, src: Path, dest_tar: Path, *, max_bytes: int | None = None) -> None:
         raise SandboxCopyFailed("model: the scratch is host-backed")
 
     async def copy_in(self, tar: Path, dest_dir: Path) -> None:

@@ -253,6 +253,8 @@ class ExecServer:
             await asyncio.gather(reader, done, *pumps, return_exceptions=True)
             with contextlib.suppress(ConnectionError):
                 await ws.close()
+            if proc.returncode is None:
+                _drop_output(proc)
 
     async def _stdin(self, ws: web.WebSocketResponse, proc: asyncio.subprocess.Process) -> None:
         """Channel 0 into the command's stdin until the client closes the stream."""
@@ -278,3 +280,15 @@ def _kill(proc: Any) -> None:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _drop_output(proc: asyncio.subprocess.Process) -> None:
+    """A command whose stream was cut (killed, or left as an orphan) loses its output pipes,
+    as under a container runtime, so one still writing dies of SIGPIPE. Otherwise it blocks on
+    a pipe nobody reads, and that paused pipe keeps `Process.wait` (which waits for the pipes
+    too), and with it the server's shutdown, from ever ending."""
+    transport: asyncio.SubprocessTransport = proc._transport  # type: ignore[attr-defined]
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd)
+        if pipe is not None:
+            pipe.close()

@@ -15,7 +15,7 @@ from typing import IO
 
 from kubernetes.aio.client import CoreV1Api
 
-from engine.sandbox.errors import SandboxArchiveInvalid, SandboxCopyFailed
+from engine.sandbox.errors import SandboxArchiveInvalid, SandboxCopyFailed, SandboxCopyTooLarge
 from engine.sandbox.kubernetes.exec import STDIN_CHUNK, exec_raw
 
 __all__ = ["copy_in", "copy_out"]
@@ -99,21 +99,33 @@ async def copy_out(
     dest_tar: Path,
     *,
     gzip_level: int | None = 6,
+    max_bytes: int | None = None,
 ) -> None:
     """Write the pod's directory `src_dir` as a tar to the host file `dest_tar`, members relative
     to `src_dir`. It is gzipped on the host at `gzip_level` (0-9, always explicit: the pod's tar
     may be BusyBox's, which takes no level), or plain with `gzip_level=None`. On any failure the
-    file is removed and `SandboxCopyFailed` (or `SandboxLost`) raised."""
+    file is removed and `SandboxCopyFailed` (or `SandboxLost`) raised.
+
+    `max_bytes` bounds the tar stream as it arrives (before any gzip): the chunk that would pass
+    it is not written, the exec is abandoned at once (its websocket closed, so the pod's `tar`
+    stops sending) and `SandboxCopyTooLarge` raised, the partial file removed."""
     if gzip_level is not None and not 0 <= gzip_level <= 9:
         raise ValueError(f"gzip_level must be 0-9 or None, not {gzip_level}")
     try:
         sink = await asyncio.to_thread(_Sink, dest_tar, gzip_level)
     except OSError as e:
         raise SandboxCopyFailed(f"cannot write {dest_tar}: {e}") from e
+    received = 0
 
     async def on_output(stream: str, chunk: bytes) -> None:
-        if stream == "stdout":
-            await asyncio.to_thread(sink.write, chunk)
+        nonlocal received
+        if stream != "stdout":
+            return
+        received += len(chunk)
+        if max_bytes is not None and received > max_bytes:
+            # raised from `on_output`: `exec_raw` abandons the exec and lets it propagate
+            raise SandboxCopyTooLarge(f"{namespace}/{pod}:{src_dir}", max_bytes, received)
+        await asyncio.to_thread(sink.write, chunk)
 
     argv = ["tar", "-c", "-f", "-", "-C", src_dir, "."]
     try:

@@ -182,7 +182,7 @@ class KubernetesSandbox:
         except SandboxError as exc:
             log.warning("%s: a timed-out command could not be ended: %s", self._name, exc)
 
-    async def copy_out(self, src: Path, dest_tar: Path) -> None:
+    async def copy_out(self, src: Path, dest_tar: Path, *, max_bytes: int | None = None) -> None:
         await self._guarded(
             pod_copy.copy_out(
                 self._api,
@@ -192,6 +192,7 @@ class KubernetesSandbox:
                 sandbox_path(src),
                 dest_tar,
                 gzip_level=None,
+                max_bytes=max_bytes,
             )
         )
 

@@ -10,6 +10,8 @@ its node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import signal
 import tarfile
@@ -20,6 +22,7 @@ from pathlib import Path
 from engine.sandbox.errors import (
     SandboxArchiveInvalid,
     SandboxCopyFailed,
+    SandboxCopyTooLarge,
     SandboxLost,
     SandboxRecordCorrupt,
 )
@@ -216,8 +219,8 @@ class LocalSandbox:
             groups = tuple(g for g in record.groups if g != group)
             write_record(self.record_path, replace(record, groups=groups))
 
-    async def copy_out(self, src: Path, dest_tar: Path) -> None:
-        await asyncio.to_thread(_write_tar, self.spec.workspace_dir / src, dest_tar)
+    async def copy_out(self, src: Path, dest_tar: Path, *, max_bytes: int | None = None) -> None:
+        await asyncio.to_thread(_write_tar, self.spec.workspace_dir / src, dest_tar, max_bytes)
 
     async def copy_in(self, tar: Path, dest_dir: Path) -> None:
         await asyncio.to_thread(_extract_tar, tar, self.spec.workspace_dir / dest_dir)
@@ -246,13 +249,52 @@ class LocalSandbox:
             self._stopped = True
 
 
-def _write_tar(src: Path, dest: Path) -> None:
+class _BoundedFile:
+    """The host file of a copy out, refusing the write that would take it past `max_bytes`:
+    `tarfile` writes headers, data and the end blocks through here, so the file never holds
+    more than the bound, however large the directory is. Write only (`read` and `seek` are
+    there for `tarfile`'s file protocol; writing a tar uses neither)."""
+
+    def __init__(self, path: Path, src: Path, max_bytes: int | None) -> None:
+        self.handle = path.open("wb")
+        self.src = src
+        self.max_bytes = max_bytes
+        self.written = 0
+
+    def write(self, data: bytes, /) -> int:
+        size = len(data)
+        if self.max_bytes is not None and self.written + size > self.max_bytes:
+            raise SandboxCopyTooLarge(str(self.src), self.max_bytes, self.written + size)
+        self.handle.write(data)
+        self.written += size
+        return size
+
+    def tell(self) -> int:
+        return self.written
+
+    def read(self, size: int, /) -> bytes:
+        raise io.UnsupportedOperation("a copy out's file is write only")
+
+    def seek(self, pos: int, /) -> int:
+        raise io.UnsupportedOperation("a copy out's file is write only")
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _write_tar(src: Path, dest: Path, max_bytes: int | None = None) -> None:
     try:
         if not src.is_dir():
             raise SandboxCopyFailed(f"{src} is not a directory")
-        with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
+        with (
+            contextlib.closing(_BoundedFile(dest, src, max_bytes)) as sink,
+            tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
             for child in sorted(src.iterdir()):
                 tar.add(child, arcname=child.name)
+    except SandboxCopyTooLarge:
+        dest.unlink(missing_ok=True)
+        raise
     except (OSError, tarfile.TarError) as e:
         dest.unlink(missing_ok=True)
         raise SandboxCopyFailed(f"cannot archive {src} into {dest}: {e}") from e
