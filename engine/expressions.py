@@ -16,7 +16,10 @@ What keeps it safe, in layers:
   and concatenation to `simpleeval.MAX_STRING_LENGTH` items and a comprehension to
   `simpleeval.MAX_COMPREHENSION_LENGTH` iterations, and one evaluation may build at most
   `MAX_BUILT_ITEMS` characters/items in all (a comprehension of big strings passes each
-  per-operation bound, but not this one). Evaluation is synchronous, on the runner's loop.
+  per-operation bound, but not this one). String formatting is measured before it is done
+  (simpleeval measures after): `%` and an f-string field are bounded like `+`, `str()` by
+  `MAX_BUILT_ITEMS`, and the value's text by `MAX_RESULT_CHARS`, each counting an item a list
+  holds many times each time (`text_size`). Evaluation is synchronous, on the runner's loop.
 
 `compile_check` runs the same rules statically at load, so a typo in a `when` is a load error
 with a line instead of an `EXPRESSION_FAILED` an hour into a run.
@@ -26,13 +29,15 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import threading
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import lru_cache
 from typing import Any
 
 from simpleeval import (
+    MAX_STRING_LENGTH,
     EvalWithCompoundTypes,
     FeatureNotAvailable,
     InvalidExpression,
@@ -50,12 +55,141 @@ CONTEXT_ROOTS: frozenset[str] = frozenset({"vars", "outputs", "answers", "loop",
 when uncapped) and `usage` its accounting (`elapsed`, `iterations`, `cost_usd`).
 """
 
+
+def text_size(value: Any, limit: int, *, unwrap: Callable[[Any], Any] | None = None) -> int:
+    """About how long `value` is as text (`str`, `repr` or JSON), found without building it;
+    past `limit` the walk stops and the answer is `limit + 1`.
+
+    A container may hold one item many times (`[s] * 100000` is a small list whose text is
+    100 000 copies of `s`; doubling `[v, v]` in a loop reaches 2**60), so a container counts
+    each item every time it holds it, but walks each object once. A string counts its length
+    (escaping adds a small constant factor at most); a container that holds itself counts the
+    inner occurrence as small, as `repr` does. `unwrap` may turn an object into the container
+    its text shows (a Jinja namespace shows its attributes).
+    """
+    if isinstance(value, str | int | float | bool) or value is None:  # the common case, cheaply
+        return min(_leaf_size(value), limit + 1)
+    sizes: dict[int, int] = {}
+    walking: set[int] = set()
+    stack: list[Any] = [value]
+    while stack:
+        obj = stack[-1]
+        key = id(obj)
+        if key in sizes:
+            stack.pop()
+            continue
+        shown = unwrap(obj) if unwrap is not None else obj
+        items = _items(shown)
+        if items is None:
+            sizes[key] = _leaf_size(shown)
+            stack.pop()
+            continue
+        if key not in walking:
+            walking.add(key)
+            stack.extend(i for i in items if id(i) not in sizes and id(i) not in walking)
+            continue
+        size = 2
+        for item in items:
+            size += sizes.get(id(item), 8) + 2
+            if size > limit:
+                return limit + 1
+        sizes[key] = size
+        walking.discard(key)
+        stack.pop()
+    return min(sizes[id(value)], limit + 1)
+
+
+def _items(obj: Any) -> list[Any] | None:
+    if isinstance(obj, str | bytes | bytearray):
+        return None
+    if isinstance(obj, Mapping):
+        return [*obj.keys(), *obj.values()]
+    if isinstance(obj, Collection):
+        return list(obj)
+    return None
+
+
+def _leaf_size(obj: Any) -> int:
+    if isinstance(obj, str | bytes | bytearray):
+        return len(obj) + 2
+    if isinstance(obj, bool) or obj is None:
+        return 5
+    if isinstance(obj, int):
+        return obj.bit_length() // 3 + 2  # decimal digits are under a third of the bits
+    return 32  # a float, or an object whose text is its short repr
+
+
+_PRINTF_SPEC = re.compile(
+    r"%(?:\((?P<key>[^)]*)\))?[-#0 +]*(?P<width>\*|\d+)?(?:\.(?P<precision>\*|\d*))?"
+    r"[hlL]?(?P<kind>.?)",
+    re.DOTALL,
+)
+_SPEC_NUMBER = re.compile(r"\d+")
+
+
+def _number(digits: str) -> int:
+    # Past nine digits a width is refused anyway; `int()` of thousands of digits raises.
+    return int(digits) if len(digits) <= 9 else 10**10
+
+
+def printf_size(fmt: str, args: Any, limit: int) -> int:
+    """About how long `fmt % args` is, found before building it: a width or precision makes
+    text out of nothing (`'%*s' % (10**9, '')`), and a `%s` of a shared item repeats it. Past
+    `limit`, `limit + 1`; for a malformed format, an estimate (the `%` itself then raises)."""
+    positional = list(args) if isinstance(args, tuple) else [args]
+    mapping = args if isinstance(args, Mapping) else None
+    cursor = 0
+
+    def take() -> Any:
+        nonlocal cursor
+        cursor += 1
+        return positional[cursor - 1] if cursor <= len(positional) else None
+
+    def amount(spec: str | None) -> int:
+        if spec == "*":
+            given = take()
+            return given if isinstance(given, int) and given > 0 else 0
+        return _number(spec) if spec else 0
+
+    total = len(fmt)
+    for match in _PRINTF_SPEC.finditer(fmt):
+        if match["kind"] == "%":
+            continue
+        total += amount(match["width"]) + amount(match["precision"])
+        key = match["key"]
+        value = mapping.get(key) if key is not None and mapping is not None else take()
+        total += text_size(value, limit) + (320 if isinstance(value, float) else 0)  # `%f` of 1e308
+        if total > limit:
+            return limit + 1
+    return total
+
+
+def format_spec_size(spec: str) -> int:
+    """The most text a `format()` spec asks for by itself: its width and precision (every
+    number in it is counted, which is never less)."""
+    return sum(_number(n) for n in _SPEC_NUMBER.findall(spec))
+
+
+def _bounded_str(*args: Any) -> str:
+    """`str()`, refusing a value whose text is over `MAX_BUILT_ITEMS` before building it."""
+    if args and text_size(args[0], MAX_BUILT_ITEMS) > MAX_BUILT_ITEMS:
+        raise IterableTooLong(f"str() would make over {MAX_BUILT_ITEMS} characters")
+    return str(*args)
+
+
+def _modulo(left: Any, right: Any) -> Any:
+    """`%`; as string formatting, its result is bounded like `+`'s (simpleeval's own is not)."""
+    if isinstance(left, str) and printf_size(left, right, MAX_STRING_LENGTH) > MAX_STRING_LENGTH:
+        raise IterableTooLong(f"the formatted string would be over {MAX_STRING_LENGTH} characters")
+    return left % right
+
+
 FUNCTIONS: Mapping[str, Callable[..., Any]] = types.MappingProxyType(
     {
         "len": len,
         "int": int,
         "float": float,
-        "str": str,
+        "str": _bounded_str,
         "bool": bool,
         "min": min,
         "max": max,
@@ -69,6 +203,14 @@ MAX_POWER_BITS = 4096
 
 MAX_BUILT_ITEMS = 10_000_000
 """The characters/items one evaluation may build in all (strings, lists, ... it makes)."""
+
+MAX_RESULT_CHARS = 100_000_000
+"""The longest text (JSON) an expression's value may have.
+
+The value is stored as JSON, but a list can hold one item many times: `[s] * 100000` with a
+100 000-character `s` passes every per-operation bound and is 10**10 characters as JSON. Above
+what one evaluation may build plus any stored output it passes through (each at most the
+output cap), far below what repeating shared items reaches."""
 
 _STR_METHODS: frozenset[str] = frozenset(
     {"lower", "upper", "strip", "lstrip", "rstrip", "startswith", "endswith", "split"}
@@ -235,6 +377,7 @@ class _Evaluator(EvalWithCompoundTypes):  # type: ignore[misc]
         # The base class adds list/tuple/dict/set constructors; the contract is FUNCTIONS only.
         self.functions = dict(FUNCTIONS)
         self.operators[ast.Pow] = _power
+        self.operators[ast.Mod] = _modulo
         self._built = 0
 
     def eval(self, expr: str, previously_parsed: ast.AST | None = None) -> Any:
@@ -250,6 +393,15 @@ class _Evaluator(EvalWithCompoundTypes):  # type: ignore[misc]
                     f"the expression builds over {MAX_BUILT_ITEMS} characters/items in all"
                 )
         return result
+
+    def _eval_formattedvalue(self, node: ast.FormattedValue) -> Any:
+        # simpleeval formats first and measures after, so `f'{1:>1000000000}'` (or an
+        # f-string of `[s] * n`) allocated it all before its length bound applied.
+        value = self._eval(node.value)
+        spec = self._eval(node.format_spec) if node.format_spec else ""
+        if format_spec_size(spec) + text_size(value, MAX_STRING_LENGTH) > MAX_STRING_LENGTH:
+            raise IterableTooLong(f"the f-string would be over {MAX_STRING_LENGTH} characters")
+        return format(value, spec) if spec else value
 
     def _check_disallowed_items(self, item: Any) -> None:
         # The base walks every container it returns, which is O(size of `outputs`) per name
@@ -304,7 +456,10 @@ def evaluate(expr: str, context: Mapping[str, Any]) -> Any:
     tree = _parsed(expr)
     evaluator = _evaluator(dict(context))
     try:
-        return evaluator.eval(expr, previously_parsed=tree.body)
+        value = evaluator.eval(expr, previously_parsed=tree.body)
+        if text_size(value, MAX_RESULT_CHARS) > MAX_RESULT_CHARS:
+            raise IterableTooLong(f"the value is over {MAX_RESULT_CHARS} characters as text")
+        return value
     except InvalidExpression as exc:
         raise ExpressionError(expr, str(exc)) from exc
     except Exception as exc:

@@ -12,107 +12,51 @@ attachment therefore renders as `''`, an empty word, which keeps argument positi
 
 Values render as text: `None` empty, bools `true`/`false`, dicts and lists as JSON.
 
-Rendering is synchronous, on the runner's loop, so the work a template can ask for is bounded
-(Jinja's sandbox guards access, not work): `**` refuses an int result over
-`expressions.MAX_POWER_BITS` bits, `*` a string/list/tuple over `MAX_SEQUENCE_LENGTH` items (both
-are intercepted, which also stops Jinja from constant-folding them while *compiling*, where
-`{{ 3999999 ** 3999999 }}` hung the load), `range` yields at most `MAX_RANGE` items per call and
-`MAX_RANGE_TOTAL` per render (so nested loops over ranges stay bounded), and one render may
-build at most `MAX_BUILT_ITEMS` items by `*` and output at most `MAX_RENDERED_CHARS` characters.
-A template nested too deeply for Jinja's recursive compiler is a `TemplateError`, not a
-`RecursionError`.
+The work a template may ask for is bounded, and why, in `engine.template_bounds`; a template
+nested too deeply for Jinja's recursive compiler is a `TemplateError` too, not a `RecursionError`.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, Template, TemplateSyntaxError, meta
-from jinja2.runtime import Context
+from jinja2 import StrictUndefined, Template, TemplateSyntaxError, meta, nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.runtime import Context, LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from markupsafe import Markup
 
 from engine.attachments import Unavailable
 from engine.errors import TemplateError
-from engine.expressions import CONTEXT_ROOTS, MAX_POWER_BITS, power_too_large
+from engine.expressions import CONTEXT_ROOTS
+from engine.template_bounds import (
+    LOCAL,
+    MAX_RENDERED_CHARS,
+    BoundedEscapeFormatter,
+    BoundedFormatter,
+    Budget,
+    CountedIteration,
+    TooMuchWork,
+    bounded_add,
+    bounded_concat,
+    bounded_filter,
+    bounded_modulo,
+    bounded_multiply,
+    bounded_power,
+    bounded_range,
+    bounded_sum,
+    charge_text,
+    checked_method_args,
+    count_call,
+    text_length,
+)
 
 TEMPLATE_ROOTS: frozenset[str] = CONTEXT_ROOTS | {"attachments"}
 """The names a template may start from."""
-
-MAX_SEQUENCE_LENGTH = 100_000
-"""The longest string/list/tuple a `*` may make (as simpleeval bounds expressions)."""
-
-MAX_RANGE = 10_000
-"""The most items one `range(...)` may yield."""
-
-MAX_RANGE_TOTAL = 100_000
-"""The most items all the `range(...)` calls of one render may yield together."""
-
-MAX_BUILT_ITEMS = 10_000_000
-"""The most items the `*`s of one render may make together."""
-
-MAX_RENDERED_CHARS = 10_000_000
-"""The longest text one render may produce."""
-
-
-class _Budget:
-    """What one render has used so far; `render` installs a fresh one for its thread."""
-
-    __slots__ = ("built", "ranged")
-
-    def __init__(self) -> None:
-        self.built = 0
-        self.ranged = 0
-
-
-_LOCAL = threading.local()
-
-
-def _budget() -> _Budget:
-    # Outside `render` (no budget installed) only the per-operation bounds apply.
-    budget: _Budget | None = getattr(_LOCAL, "budget", None)
-    return budget if budget is not None else _Budget()
-
-
-class _TooMuchWork(Exception):
-    """A template asked for more work than the bounds allow."""
-
-
-def _bounded_range(*args: int) -> range:
-    rng = range(*args)
-    if len(rng) > MAX_RANGE:
-        raise _TooMuchWork(f"range of {len(rng)} items (at most {MAX_RANGE})")
-    budget = _budget()
-    budget.ranged += len(rng)
-    if budget.ranged > MAX_RANGE_TOTAL:
-        raise _TooMuchWork(f"the ranges of one render yield over {MAX_RANGE_TOTAL} items")
-    return rng
-
-
-def _bounded_multiply(left: Any, right: Any) -> Any:
-    for seq, times in ((left, right), (right, left)):
-        if isinstance(seq, str | list | tuple) and isinstance(times, int):
-            size = len(seq) * max(times, 0)
-            if size > MAX_SEQUENCE_LENGTH:
-                raise _TooMuchWork(
-                    f"repeating {type(seq).__name__} would make {size} items"
-                    f" (at most {MAX_SEQUENCE_LENGTH})"
-                )
-            budget = _budget()
-            budget.built += size
-            if budget.built > MAX_BUILT_ITEMS:
-                raise _TooMuchWork(f"one render's `*`s make over {MAX_BUILT_ITEMS} items")
-    return left * right
-
-
-def _bounded_power(left: Any, right: Any) -> Any:
-    if power_too_large(left, right):
-        raise _TooMuchWork(f"the power would be over {MAX_POWER_BITS} bits; not computed")
-    return left**right
 
 
 class _Raw(str):
@@ -172,12 +116,20 @@ class _Attachments:
 
 
 def _to_text(value: Any) -> str:
+    # Scalars first, charged by the text they make (short, or refused by Python's own int
+    # digit limit); containers are sized before they are made text.
     if isinstance(value, str):
+        charge_text(len(value), "the rendered value")
         return str(value)
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int | float):
+        text = str(value)
+        charge_text(len(text), "the rendered value")
+        return text
+    charge_text(text_length(value), "the rendered value")
     if isinstance(value, dict | list | tuple):
         return json.dumps(value, ensure_ascii=False, default=str)
     return str(value)  # a StrictUndefined raises here, naming what is missing
@@ -189,25 +141,106 @@ def _raw(value: Any) -> _Raw:
 
 def _finalize_shell(value: Any) -> str:
     if isinstance(value, _Raw):
+        charge_text(len(value), "the rendered value")
         return str(value)
     return shlex.quote(_to_text(value))
+
+
+class _CodeGenerator(CodeGenerator):
+    """Jinja's code generator, emitting a bounded `~` and a counted `for`.
+
+    `~` compiles to a plain join of its parts (`str_join`), which no sandbox hook sees; here
+    it calls `bounded_concat` with the same join. A `for` loop's iterable is wrapped so each
+    iteration counts toward `MAX_ITERATIONS`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loop_iterables: set[int] = set()
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        if frame.eval_ctx.volatile:
+            join = "(markup_join if context.eval_ctx.volatile else str_join)"
+        elif frame.eval_ctx.autoescape:
+            join = "markup_join"
+        else:
+            join = "str_join"
+        self.write(f"environment.bounded_concat({join}, (")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+    def visit_For(self, node: nodes.For, frame: Frame) -> None:
+        self._loop_iterables.add(id(node.iter))
+        super().visit_For(node, frame)
+
+    def visit(self, node: nodes.Node, *args: Any, **kwargs: Any) -> Any:
+        if id(node) not in self._loop_iterables:
+            return super().visit(node, *args, **kwargs)
+        self.write("environment.counted_iteration(")
+        super().visit(node, *args, **kwargs)
+        self.write(")")
+        return None
 
 
 class _Environment(ImmutableSandboxedEnvironment):
     # Intercepted operators run through `call_binop` at render time, and Jinja does not
     # constant-fold them at compile time (where nothing could bound them).
-    intercepted_binops = frozenset({"**", "*"})
+    intercepted_binops = frozenset({"**", "*", "+", "%"})
+    code_generator_class = _CodeGenerator
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.globals["range"] = _bounded_range
+        self.globals["range"] = bounded_range
+        # `lipsum(n, min=, max=)` makes text of any size, and no workflow needs filler text.
+        del self.globals["lipsum"]
+        self.filters["sum"] = bounded_sum
+
+    # What the code `_CodeGenerator` emits calls, as `environment.<name>(...)`.
+    bounded_concat = staticmethod(bounded_concat)
+    counted_iteration = staticmethod(CountedIteration)
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         if operator == "**":
-            return _bounded_power(left, right)
+            return bounded_power(left, right)
         if operator == "*":
-            return _bounded_multiply(left, right)
+            return bounded_multiply(left, right)
+        if operator == "+":
+            return bounded_add(left, right)
+        if operator == "%":
+            return bounded_modulo(left, right)
         return super().call_binop(context, operator, left, right)
+
+    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        count_call()
+        if isinstance(obj, LoopContext) and args:  # a recursive loop's next level
+            args = (CountedIteration(args[0]), *args[1:])
+        args = checked_method_args(obj, args, kwargs)
+        result = super().call(context, obj, *args, **kwargs)
+        if isinstance(result, str):
+            charge_text(len(result), "a call's result")
+        return result
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        if super().wrap_str_format(value) is None:  # not a string's `format`/`format_map`
+            return None
+        owner: str = value.__self__
+        formatter = (
+            BoundedEscapeFormatter(self, escape=owner.escape)
+            if isinstance(owner, Markup)
+            else BoundedFormatter(self)
+        )
+        is_map = value.__name__ == "format_map"
+
+        def bounded(*args: Any, **kwargs: Any) -> str:
+            if not is_map:
+                return type(owner)(formatter.vformat(owner, args, kwargs))
+            if kwargs or len(args) != 1:
+                raise TypeError("format_map() takes exactly one positional argument")
+            return type(owner)(formatter.vformat(owner, (), args[0]))
+
+        return bounded
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         # On a mapping, `.x` is the key `x` first: an output field named `items` or `keys` must
@@ -225,6 +258,7 @@ def _environment(*, shell: bool) -> _Environment:
         finalize=_finalize_shell if shell else _to_text,
     )
     env.filters["raw"] = _raw
+    env.filters = {name: bounded_filter(name, f) for name, f in env.filters.items()}
     return env
 
 
@@ -277,19 +311,19 @@ def render(template: str, context: Mapping[str, Any], *, shell: bool) -> str:
     compiled = _compiled(template, shell)
     data = dict(context)
     data["attachments"] = _Attachments(context.get("attachments") or {})
-    _LOCAL.budget = _Budget()
+    LOCAL.budget = Budget()
     try:
         parts: list[str] = []
         size = 0
         for part in compiled.generate(data):
             size += len(part)
             if size > MAX_RENDERED_CHARS:
-                raise _TooMuchWork(f"the output is over {MAX_RENDERED_CHARS} characters")
+                raise TooMuchWork(f"the output is over {MAX_RENDERED_CHARS} characters")
             parts.append(part)
         return "".join(parts)
-    except _TooMuchWork as exc:
+    except TooMuchWork as exc:
         raise TemplateError(template, f"too much work: {exc}") from exc
     except Exception as exc:
         raise TemplateError(template, f"{type(exc).__name__}: {exc}") from exc
     finally:
-        _LOCAL.budget = None
+        LOCAL.budget = None

@@ -158,3 +158,48 @@ def test_an_expression_too_deeply_nested_to_parse_is_refused_typed(
     assert "too deeply nested" in info.value.detail
     with pytest.raises(ExpressionError):
         evaluate(expr, ctx)
+
+
+@pytest.mark.parametrize(
+    ("expr", "refusal"),
+    [
+        ("'%1000000000s' % 'x'", "formatted string would be over"),
+        ("'%*s' % (10**9, 'x')", "formatted string would be over"),
+        ("'%.1000000000f' % 1.5", "formatted string would be over"),
+        ("f'{1:>1000000000}'", "f-string would be over"),
+        ("f'{1:>{10**9}}'", "f-string would be over"),
+    ],
+)
+def test_formatting_with_a_huge_width_is_refused_before_it_allocates(
+    ctx: dict[str, Any], expr: str, refusal: str
+) -> None:
+    # simpleeval measured the string only once made (a gigabyte for these).
+    with pytest.raises(ExpressionError) as info:
+        evaluate(expr, ctx)
+    assert refusal in info.value.detail
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "str(['x' * 100000] * 100000)",
+        "f'{[\"x\" * 100000] * 100000}'",
+        "'%s' % [['x' * 100000] * 100000]",
+        "['x' * 100000] * 100000",  # the value itself: stored as JSON, 10**10 characters
+    ],
+)
+def test_a_value_whose_text_repeats_a_shared_item_is_refused_before_it_is_made_text(
+    ctx: dict[str, Any], expr: str
+) -> None:
+    with pytest.raises(ExpressionError) as info:
+        evaluate(expr, ctx)
+    assert "over" in info.value.detail
+
+
+def test_ordinary_formatting_and_str_still_compute(ctx: dict[str, Any]) -> None:
+    assert evaluate("'%05.1f|%s|%%' % (3.14159, vars.name)", ctx) == "003.1|Ada|%"
+    assert evaluate("'%(a)s-%(a)s' % {'a': vars.n}", ctx) == "2-2"
+    assert evaluate("7 % 3", ctx) == 1
+    assert evaluate("f'{vars.n:>3}|{vars.name}|{outputs.build.items}'", ctx) == "  2|Ada|[1, 2, 3]"
+    assert evaluate("str(outputs.build.items)", ctx) == "[1, 2, 3]"
+    assert len(evaluate("['x' * 1000] * 1000", ctx)) == 1000

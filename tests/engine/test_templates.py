@@ -137,3 +137,167 @@ def test_a_template_too_deeply_nested_to_compile_is_refused_typed() -> None:
     with pytest.raises(TemplateError) as info:
         compile_check("{{ " + "1+" * 100_000 + "1 }}")
     assert "too deeply nested" in info.value.detail
+
+
+def _refused_for_too_much_work(text: str, ctx: dict[str, Any]) -> TemplateError:
+    """`text` loads (nothing is folded or built while compiling) and its render is refused
+    with the typed template error, for too much work."""
+    compile_check(text)
+    with pytest.raises(TemplateError) as info:
+        render(text, ctx, shell=False)
+    assert info.value.code == "template_failed"
+    assert info.value.failure_code.name == "EXPRESSION_FAILED"
+    assert info.value.detail.startswith("too much work"), info.value.detail
+    return info.value
+
+
+DOUBLING = (
+    "{% set s = namespace(v=START) %}{% for i in range(60) %}{% set s.v = GROW %}{% endfor %}"
+    "{{ s.v|length }}"
+)
+
+
+@pytest.mark.parametrize(
+    ("start", "grow"),
+    [
+        ("'x'", "s.v ~ s.v"),  # `~` compiles to a plain join no sandbox hook used to see
+        ("'x'", "s.v + s.v"),
+        ("'x'", "'%s%s' % (s.v, s.v)"),
+        ("'x'", "'{}{}'.format(s.v, s.v)"),
+        ("'x'", "[s.v, s.v]|join"),
+        ("'x'", "s.v.join(['', '', ''])"),
+        ("[1]", "s.v + s.v"),
+    ],
+)
+def test_a_template_that_doubles_a_string_in_a_loop_is_refused_before_it_exhausts_memory(
+    ctx: dict[str, Any], start: str, grow: str
+) -> None:
+    text = DOUBLING.replace("START", start).replace("GROW", grow)
+    _refused_for_too_much_work(text, ctx)
+
+
+def test_a_value_whose_text_repeats_a_shared_item_is_refused_before_it_is_made_text(
+    ctx: dict[str, Any],
+) -> None:
+    # `[v, v]` doubled 60 times is 60 small lists whose JSON is 2**60 items long.
+    nested = "{% set s = namespace(v=[1]) %}{% for i in range(60) %}{% set s.v = [s.v, s.v] %}"
+    for shown in ["{{ s.v }}", "{{ s }}", "{{ s.v|tojson }}", "{{ s.v|string }}", "{{ s.v ~ '' }}"]:
+        _refused_for_too_much_work(nested + "{% endfor %}" + shown, ctx)
+    for shown in ["{{ big }}", "{{ big|join }}", "{{ ','.join(big) }}", "{{ '%s' % big }}"]:
+        _refused_for_too_much_work("{% set big = ['x' * 100000] * 100000 %}" + shown, ctx)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{{ 'x'|center(1000000000) }}",  # a constant width: Jinja used to run it while compiling
+        "{{ 'x'|center(10**9) }}",
+        "{{ 'x'|indent(10**9, true) }}",
+        "{{ ('\n' * 100000)|indent('y' * 1000, blank=true) }}",
+        "{{ ('x' * 100000)|wordwrap(1, wrapstring='y' * 100000) }}",
+        "{{ '%*s'|format(10**9, 'x') }}",
+        "{{ '%1000000000s'|format('x') }}",
+        "{{ '%1000000000s' % 'x' }}",
+        "{{ '%.1000000000f' % 1.5 }}",
+        "{{ ('x' * 100000)|replace('x', 'x' * 100000) }}",
+        "{{ [1]|batch(10**9, 0)|list|length }}",
+        "{{ [1]|slice(10**9)|list|length }}",
+        "{{ ([[1]] * 100000)|sum(start=[])|length }}",
+    ],
+)
+def test_a_filter_asked_for_a_huge_width_or_count_is_refused_before_it_allocates(
+    ctx: dict[str, Any], text: str
+) -> None:
+    _refused_for_too_much_work(text, ctx)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{{ 'x'.center(10**9) }}",
+        "{{ 'x'.ljust(10**9) }}",
+        "{{ 'x'.zfill(10**9) }}",
+        "{{ ('\t' * 100000).expandtabs(100000) }}",
+        "{{ ('x' * 100000).replace('x', 'y' * 100000) }}",
+        "{{ ('x' * 1000).translate({120: 'y' * 100000}) }}",
+        "{{ '{:>1000000000}'.format(1) }}",
+        "{{ '{:>{w}}'.format(1, w=10**9) }}",
+        "{{ '{a:>1000000000}'.format_map({'a': 1}) }}",
+    ],
+)
+def test_a_string_method_asked_for_a_huge_result_is_refused_before_it_allocates(
+    ctx: dict[str, Any], text: str
+) -> None:
+    _refused_for_too_much_work(text, ctx)
+
+
+def test_many_medium_concatenations_are_bounded_per_render(ctx: dict[str, Any]) -> None:
+    # Each `~` makes 200 000 characters, well within one string's bound; a thousand of them are
+    # more than one render may build.
+    text = "{% set x = 'x' * 100000 %}{% for i in range(1000) %}{% set y = x ~ x %}{% endfor %}"
+    error = _refused_for_too_much_work(text, ctx)
+    assert "one render builds over" in error.detail
+    # the budget is per render
+    ok = "{% set x = 'x' * 100000 %}{% for i in range(100) %}{% set y = x ~ x %}{% endfor %}ok"
+    assert render(ok, ctx, shell=False) == "ok"
+    assert render(ok, ctx, shell=False) == "ok"
+
+
+def test_nested_loops_over_lists_are_bounded_in_iterations(ctx: dict[str, Any]) -> None:
+    text = "{% set a = [0] * 100000 %}{% for i in a %}{% for j in a %}{% endfor %}{% endfor %}"
+    error = _refused_for_too_much_work(text, ctx)
+    assert "loop iterations" in error.detail
+    # a recursive loop's inner levels count as well
+    ctx["vars"]["tree"] = [{"c": [{"c": [0] * 100000}] * 20}]
+    deep = (
+        "{% for x in vars.tree recursive %}{% if x is mapping %}{{ loop(x.c) }}{% endif %}"
+        "{% endfor %}"
+    )
+    assert "loop iterations" in _refused_for_too_much_work(deep, ctx).detail
+
+
+def test_a_macro_that_calls_itself_twice_is_bounded_in_calls(ctx: dict[str, Any]) -> None:
+    text = (
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}"
+    )
+    assert "calls" in _refused_for_too_much_work(text, ctx).detail
+
+
+def test_lipsum_which_makes_text_of_any_size_is_not_a_template_name() -> None:
+    with pytest.raises(TemplateError, match="unknown name 'lipsum'"):
+        compile_check("{{ lipsum(10**6) }}")
+
+
+def test_ordinary_text_building_renders_as_before(ctx: dict[str, Any]) -> None:
+    text = (
+        "{{ '{a}-{0:>4}'.format(7, a='x') }} {{ '{a}'.format_map({'a': 1}) }}"
+        " {{ '%s=%d'|format('n', 3) }} {{ 'a-b'|replace('-', '+') }} {{ ['a', 'b']|join(',') }}"
+        " {{ [1, 2]|sum }} {{ [[1], [2]]|sum(start=[]) }} [{{ 'ab'|center(6) }}]"
+        " {{ 'x' ~ 1 ~ [2] }} {{ 'a' + 'b' }} {{ [1] + [2] }} {{ 7 % 3 }} {{ '%05.1f' % 3.14159 }}"
+        " {{ 'a\nb'|indent(2, true) }} {{ 'a b c'|wordwrap(3) }}"
+        " {{ 'abcdef'|truncate(5, leeway=0) }}"
+        " {{ ','.join(['p', 'q']) }} {{ 'ab'.rjust(4, '.') }} {{ [1, 2, 3]|batch(2, 0)|list }}"
+    )
+    assert render(text, ctx, shell=False) == (
+        "x-   7 1 n=3 a+b a,b 3 [1, 2] [  ab  ] x1[2] ab [1, 2] 1 003.1   a\n  b a b\nc ab..."
+        " p,q ..ab [[1, 2], [3, 0]]"
+    )
+    loop = (
+        "{% set ns = namespace(s='') %}{% for i in range(3) %}{% set ns.s = ns.s ~ i ~ ',' %}"
+        "{{ loop.index }}/{{ loop.length }}{% if loop.last %}!{% endif %}{% endfor %}"
+        "{% for x in [] %}{% else %}empty{% endfor %} {{ ns.s }}"
+    )
+    assert render(loop, ctx, shell=False) == "1/32/33/3!empty 0,1,2,"
+    # within the bounds, a long string can still be built and rendered
+    assert len(render("{{ 'x' * 100000 ~ 'y' * 100000 }}", ctx, shell=False)) == 200_000
+
+
+def test_an_int_squared_in_a_loop_is_refused_before_it_outgrows_the_power_bound() -> None:
+    """`*` on ints grows as `**` does when it is repeated: bounded alike (4096 bits)."""
+    squaring = (
+        "{% set n = namespace(x=3) %}{% for i in range(40) %}{% set n.x = n.x * n.x %}"
+        "{% endfor %}{{ n.x }}"
+    )
+    with pytest.raises(TemplateError, match="too much work: the product would be over 4096 bits"):
+        render(squaring, {}, shell=False)
+    assert render("{{ (2 ** 2000) * (2 ** 2000) > 0 }}", {}, shell=False) == "true"
