@@ -44,7 +44,8 @@ UP_LOCK_FILE = "up.lock"
 def hold_data_dir(data: Path) -> Iterator[int]:
     """One fleet per data dir: a second `up` would start a second nats-server on the same
     JetStream store, a second sweeper over the same SQLite file, and take `nats.url` from the
-    fleet every other command uses. `FleetAlreadyRunning` (exit 3) while another holds it.
+    fleet every other command uses. `FleetAlreadyRunning` (exit 3) while another holds it
+    (ADR-0018).
 
     An OS lock, not a pid file: the kernel drops it when the last process holding it ends
     however it ends (SIGKILL too), so a crashed fleet never blocks the next one, and a pid left
