@@ -35,7 +35,7 @@ from engine.outcome import Failed
 from engine.sandbox.errors import SandboxError, SandboxLost
 from engine.sandbox.protocols import Sandbox
 from engine.workflow import CallNode, ComputeNode, ToolNode, Workflow
-from store import BlobStore, Checkpoint, RunDocument
+from store import BlobStore, Checkpoint, RunDocument, StoreError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -189,5 +189,24 @@ class NodeRuns:
                 node=node_id,
             )
         key = f"runs/{self.run_id}/outputs/{node_id}/{self.checkpoint.progress}"
-        await self.blobs.put_bytes(key, encoded)
-        return {"$blob": key, "bytes": len(encoded)}
+        return {"$blob": await self._spill(self.blobs, key, encoded), "bytes": len(encoded)}
+
+    async def _spill(self, blobs: BlobStore, key: str, data: bytes) -> str:
+        """Write once, never over a blob a checkpoint may name. A fenced execution of the same
+        node at the same progress writes SPEC §2's key too, before or after its adopter: the
+        second writer, unless it holds the same bytes (this execution's own create whose reply
+        was lost), goes beside it under its lease token, which no other execution holds."""
+        for candidate in (key, f"{key}.{self.writer.token}"):
+            if await blobs.create_bytes(candidate, data) is not None:
+                return candidate
+            there = await blobs.stat(candidate)  # the size first: most often it differs
+            if (
+                there is not None
+                and there.size == len(data)
+                and await blobs.get_bytes(candidate) == data
+            ):
+                return candidate
+        raise StoreError(
+            f"run {self.run_id}: cannot spill an output: {key} and its token's key hold other "
+            "bytes, and a spilled output is written once"
+        )

@@ -1,7 +1,8 @@
 """`BlobStore` on a local directory: the embedded default (SPEC §9).
 
 Every write goes to a temp file in the destination's own directory, is fsynced, then renamed over
-the target with `os.replace`, so a reader sees the old bytes or the new ones, never a torn file,
+the target with `os.replace` (`create_bytes` hard-links it instead, which refuses an existing
+target), so a reader sees the old bytes or the new ones, never a torn file,
 and a crash leaves at most a stray temp file (named `.rf-tmp-*`, never listed, and refused as a
 key segment so it cannot collide with a blob). File I/O runs in worker threads and copies are
 streamed; only `put_bytes`/`get_bytes` hold an object in memory.
@@ -58,6 +59,10 @@ class FilesystemBlobStore:
     async def put_bytes(self, key: str, data: bytes) -> BlobInfo:
         self._check(key)
         return await asyncio.to_thread(self._put_bytes_sync, key, bytes(data))
+
+    async def create_bytes(self, key: str, data: bytes) -> BlobInfo | None:
+        self._check(key)
+        return await asyncio.to_thread(self._create_bytes_sync, key, bytes(data))
 
     async def get_to_file(self, key: str, path: Path) -> BlobInfo:
         self._check(key)
@@ -117,6 +122,10 @@ class FilesystemBlobStore:
 
     def _put_bytes_sync(self, key: str, data: bytes) -> BlobInfo:
         return _atomic_write(key, self._path(key), lambda out: out.write(data))
+
+    def _create_bytes_sync(self, key: str, data: bytes) -> BlobInfo | None:
+        dest = self._path(key)
+        return _atomic_create(key, dest, lambda out: out.write(data))
 
     def _open_blob(self, key: str) -> BinaryIO:
         path = self._path(key)
@@ -221,6 +230,32 @@ def _atomic_write(key: str, dest: Path, write: Callable[[BinaryIO], object]) -> 
         if isinstance(exc, OSError):
             raise StoreError(f"cannot write blob {key!r} to {dest}: {exc}") from exc
         raise
+    _fsync_dir(dest.parent)
+    return _info(key, st)
+
+
+def _atomic_create(key: str, dest: Path, write: Callable[[BinaryIO], object]) -> BlobInfo | None:
+    """`_atomic_write`, but `os.link` instead of the rename: the link fails when `dest` exists,
+    so an existing blob is never replaced, and it appears whole (the temp file was complete and
+    fsynced before it got its second name). None when `dest` was there."""
+    fd, tmp = _mkstemp_in(dest.parent, key)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+            st = os.fstat(out.fileno())
+        try:
+            os.link(tmp, dest)
+        except FileExistsError:
+            if not dest.is_file():  # a directory (`a` when `a/b` is a blob), as put_bytes says
+                raise StoreError(f"cannot create blob {key!r}: {dest} is not a file") from None
+            return None
+    except OSError as exc:
+        raise StoreError(f"cannot create blob {key!r} at {dest}: {exc}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
     _fsync_dir(dest.parent)
     return _info(key, st)
 

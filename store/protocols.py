@@ -250,6 +250,13 @@ class BlobStore(Protocol):
 
     async def put_bytes(self, key: str, data: bytes) -> BlobInfo: ...
 
+    async def create_bytes(self, key: str, data: bytes) -> BlobInfo | None:
+        """Store `data` under `key` only if no object is there; None (and the object left as it
+        was) when one is. Atomic: of racing creates one wins, and a reader sees no object or the
+        whole one. For a key a checkpoint may reference, which nobody may overwrite (SPEC §2's
+        spilled outputs: a fenced execution writes the same key as its adopter)."""
+        ...
+
     async def get_to_file(self, key: str, path: Path) -> BlobInfo:
         """Write the object to `path` (streamed). `BlobNotFound` if absent."""
         ...

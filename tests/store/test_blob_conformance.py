@@ -127,6 +127,38 @@ async def test_concurrent_replace_is_atomic(blob_store: BlobStore, tmp_path: Pat
     assert [b.key for b in await blob_store.list("race/")] == ["race/obj"]
 
 
+async def test_a_created_blob_is_never_replaced_by_a_later_create(blob_store: BlobStore) -> None:
+    created = await blob_store.create_bytes("runs/r/outputs/n/3", b"the adopter's output")
+    assert created is not None
+    assert (created.key, created.size) == ("runs/r/outputs/n/3", len(b"the adopter's output"))
+
+    assert await blob_store.create_bytes("runs/r/outputs/n/3", b"a fenced execution's") is None
+    assert await blob_store.get_bytes("runs/r/outputs/n/3") == b"the adopter's output"
+    stat = await blob_store.stat("runs/r/outputs/n/3")
+    assert stat is not None and stat.size == len(b"the adopter's output")
+    assert [b.key for b in await blob_store.list("runs/r/")] == ["runs/r/outputs/n/3"]
+
+
+async def test_a_create_refuses_a_key_that_put_wrote(blob_store: BlobStore) -> None:
+    await blob_store.put_bytes("k/put", b"put first")
+    assert await blob_store.create_bytes("k/put", b"created second") is None
+    assert await blob_store.get_bytes("k/put") == b"put first"
+
+
+async def test_racing_creates_have_exactly_one_winner_whose_bytes_stay(
+    blob_store: BlobStore,
+) -> None:
+    # Lengths differ: a torn or mixed write shows as a value nobody wrote.
+    payloads = [bytes([i]) * (50_000 + i * 7919) for i in range(8)]
+    results = await asyncio.gather(
+        *(blob_store.create_bytes("race/once", data) for data in payloads)
+    )
+    winners = [i for i, info in enumerate(results) if info is not None]
+    assert len(winners) == 1
+    assert await blob_store.get_bytes("race/once") == payloads[winners[0]]
+    assert [b.key for b in await blob_store.list("race/")] == ["race/once"]
+
+
 async def test_get_to_file_replaces_the_destination(blob_store: BlobStore, tmp_path: Path) -> None:
     await blob_store.put_bytes("a/b", b"new")
     dest = tmp_path / "dest"
@@ -307,6 +339,24 @@ async def test_fs_temp_files_are_never_listed_nor_addressable(tmp_path: Path) ->
     assert [b.key for b in await store.list("d/")] == ["d/real"]
     with pytest.raises(BlobKeyInvalid):
         await store.get_bytes("d/.rf-tmp-leftover")
+
+
+async def test_fs_a_create_leaves_no_temp_file_whether_it_wins_or_not(tmp_path: Path) -> None:
+    root = tmp_path / "blobs"
+    store = FilesystemBlobStore(root)
+    assert await store.create_bytes("d/once", b"first") is not None
+    assert await store.create_bytes("d/once", b"second") is None
+    assert _names(root / "d") == ["once"]
+    assert (root / "d" / "once").stat().st_nlink == 1
+
+
+async def test_fs_a_create_over_a_directory_is_a_store_error_not_a_refusal(
+    tmp_path: Path,
+) -> None:
+    store = FilesystemBlobStore(tmp_path / "blobs")
+    await store.put_bytes("a/b", b"x")
+    with pytest.raises(StoreError, match="not a file"):
+        await store.create_bytes("a", b"y")
 
 
 # -- S3 specifics ---------------------------------------------------------------------------
