@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.answers import coerce_answers
 from engine.budget import below_consumed, merge_overrides
-from engine.errors import AnswersRequired
+from engine.errors import AnswersInvalid, AnswersRequired
 from engine.loader import LoadedWorkflow, load_stored_workflow
 from engine.refusals import (
     BudgetBelowConsumed,
@@ -91,6 +91,15 @@ def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
             answers = _coerce_mixed(node, request)
         elif no_answers:
             raise AnswersRequired([])
+    elif request.answers or request.cli_answers:
+        # An answer to a run that asks nothing would be dropped without a word (a cancelled
+        # run that was waiting asks again once resumed): SPEC §4's `answers_invalid`.
+        name = next(iter({**request.answers, **request.cli_answers}))
+        raise AnswersInvalid(
+            name,
+            f"run {run.run_id} is {run.status}, not waiting for answers: resume it without"
+            " answers, and answer when it asks (`runfleet status RUN` shows its questions)",
+        )
     scratch_why = scratch_problem(run)
     source_changed = (
         request.new_source is not None

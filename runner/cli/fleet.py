@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -151,10 +152,16 @@ async def _run_fleet(
             loop.add_signal_handler(sig, fleet.request_stop)
         try:
             await fleet.start()
+            # Other commands find the fleet through RUNFLEET_DATA (default ./.runfleet, relative
+            # to where they run): a shell elsewhere, or after `--data`, needs it said.
+            here = env.data_dir.resolve() == (Path.cwd() / ".runfleet").resolve()
+            find = "" if here else f"RUNFLEET_DATA={shlex.quote(str(env.data_dir.resolve()))} "
             click.echo(
                 f"runfleet up: {runners} runners x {slots} slots, NATS {fleet.nats_url},"
-                f" data {env.data_dir}\n  in another shell: runfleet launch examples/hello.yaml"
-                "\n  Ctrl-C drains the runners and stops the fleet",
+                f" data {env.data_dir}\n  in another shell: {find}runfleet launch"
+                " examples/hello.yaml"
+                + ("" if not here else " (from this directory, or set RUNFLEET_DATA)")
+                + "\n  Ctrl-C drains the runners and stops the fleet",
                 err=True,
             )
             supervise = asyncio.ensure_future(fleet.supervise())

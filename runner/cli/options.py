@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +33,33 @@ class DurationParam(click.ParamType[timedelta]):
 
 
 DURATION = DurationParam()
+
+
+class UsdParam(click.ParamType[float]):
+    """A cost cap in USD: a finite number from 0 to 10**12, as the API and the workflow loader
+    accept. `float` alone took `nan`, which no cost ever passes (every comparison is false) and
+    which `--json` then printed as a bare `NaN`."""
+
+    name = "usd"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            usd = float(value)
+        except (TypeError, ValueError):
+            usd = math.nan
+        if not (0 <= usd <= MAX_USD):  # NaN fails every comparison
+            self.fail(
+                f"{value!r} is not accepted: expected a number of USD from 0 to {MAX_USD:.0e}",
+                param,
+                ctx,
+            )
+        return usd
+
+
+MAX_USD = 1e12
+USD = UsdParam()
 
 
 def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from runner import operations as ops
 from runner.cli.errors import EXIT_RUN_FAILED
 from runner.cli.options import (
     DURATION,
+    USD,
     budget_overrides,
     parse_pairs,
     progress_printer,
@@ -34,10 +35,9 @@ from runner.operations.retry_wait import waiting_retry
 from store import Event, RunDocument, RunStatus, utcnow
 
 RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.CANCELLED})
-"""How `runfleet run` can end that a CI job must see as a failure (exit 5, SPEC §10 v2.2)."""
-EXIT_INTERRUPTED = 130
-"""`resume --local` stopped by Ctrl-C (128 + SIGINT, as `command` answers a KeyboardInterrupt):
-the command reports no outcome of its own, and a script must not read the stop as success."""
+"""How `runfleet run` can end that a CI job must see as a failure (exit 5, SPEC §10 v2.2), and
+`resume --local` alike: it ran the run in this process too, so a script reads both the same
+way (a Ctrl-C's `cancelled` included)."""
 
 
 @contextlib.contextmanager
@@ -123,8 +123,12 @@ async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool
 @click.option("--force", is_flag=True, help="accept a changed workflow source")
 @click.option("--accept-scratch-loss", is_flag=True, help="continue without the banked scratch")
 @click.option("--max-duration", type=DURATION, help="raise the run's duration cap, e.g. 2h")
-@click.option("--max-cost-usd", type=float, help="raise the run's cost cap, in USD")
-@click.option("--max-iterations", type=int, help="raise the run's cap on node executions")
+@click.option("--max-cost-usd", type=USD, help="raise the run's cost cap, in USD")
+@click.option(
+    "--max-iterations",
+    type=click.IntRange(min=1),
+    help="raise the run's cap on node executions",
+)
 @click.option("--local", "local", is_flag=True, help="resume in this process, not the queue")
 @click.option(
     "--auto-resume",
@@ -188,8 +192,10 @@ async def resume_cmd(
     # document is read after the publish); a local resume ran it, so it says how it ended.
     queued = not local
     echo_json(run_view(doc, just_queued=queued)) if as_json else echo_run(doc, just_queued=queued)
-    if interrupt is not None and echo_interrupted(doc, interrupt, as_json=as_json):
-        raise SystemExit(EXIT_INTERRUPTED)
+    if interrupt is not None:
+        echo_interrupted(doc, interrupt, as_json=as_json)
+    if local and doc.status in RUN_FAILED:
+        raise SystemExit(EXIT_RUN_FAILED)
 
 
 @click.command("launch")

@@ -60,10 +60,23 @@ class ApiError(Exception):
         self.remedy = remedy
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"code": self.code, "message": self.message}
-        if self.remedy:
-            out["remedy"] = self.remedy
-        return out
+        # Every error body carries a remedy (docs/api.md): a caller's code may read it blindly.
+        return {
+            "code": self.code,
+            "message": self.message,
+            "remedy": self.remedy or DEFAULT_REMEDY.get(self.status, GENERIC_REMEDY),
+        }
+
+
+GENERIC_REMEDY = "correct the request as the message says (the API is described at /openapi.json)"
+DEFAULT_REMEDY: dict[int, str] = {
+    401: "send `Authorization: Bearer TOKEN` with a token from RUNFLEET_API_TOKENS",
+    403: "use a token whose role is `operate` for this call",
+    404: "check the path against /openapi.json",
+    405: "check the method against /openapi.json",
+    413: "send a smaller body (a file goes through POST /api/v1/uploads)",
+}
+"""The remedy of an `ApiError` raised without one of its own, by status."""
 
 
 def status_for(exc: RunfleetError) -> int:

@@ -121,14 +121,19 @@ async def errors_middleware(request: web.Request, handler: Next) -> web.StreamRe
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
-        return error_json(
-            exc.status, {"code": code.get(exc.status, "http_error"), "message": exc.reason}
-        )
+        return response_for(ApiError(exc.status, code.get(exc.status, "http_error"), exc.reason))
     except asyncio.CancelledError:
         raise
     except Exception:  # the last line: logged here, answered without internals
         log.exception("%s %s failed", request.method, request.path)
-        return error_json(500, {"code": "internal", "message": "internal error (logged)"})
+        return error_json(
+            500,
+            {
+                "code": "internal",
+                "message": "internal error (logged)",
+                "remedy": "retry; if it persists, the server's log has the cause",
+            },
+        )
 
 
 @web.middleware

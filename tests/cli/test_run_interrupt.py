@@ -2,7 +2,7 @@
 through the real console script with no fleet: the first SIGINT stops the run as an operator
 cancel does (SPEC §5.8: it checkpoints and ends `cancelled`) and releases its lease, so `resume
 --local` continues it at once instead of answering `run_busy` until the lease lapses. `run` then
-exits 5 (SPEC §10 v2.2: it ended cancelled), `resume --local` 130 (128 + SIGINT).
+exits 5 (SPEC §10 v2.2: it ended cancelled), and `resume --local` as `run` does.
 
 The node blocks on a file the test creates; each wait polls the store with a deadline.
 """
@@ -138,7 +138,7 @@ def test_ctrl_c_during_run_cancels_the_run_releases_its_lease_and_exits_5(tmp_pa
     assert json.loads(resumed.stdout)["status"] == "finished"
 
 
-def test_ctrl_c_during_resume_local_cancels_the_run_and_exits_130(tmp_path: Path) -> None:
+def test_ctrl_c_during_resume_local_cancels_the_run_and_exits_5(tmp_path: Path) -> None:
     release = tmp_path / "release"
     run_id = interrupted_run(tmp_path, release)
 
@@ -147,7 +147,7 @@ def test_ctrl_c_during_resume_local_cancels_the_run_and_exits_130(tmp_path: Path
     proc.send_signal(signal.SIGINT)
     code, out, err = finish(proc)
 
-    assert code == 130, (code, out, err)
+    assert code == 5, (code, out, err)
     assert json.loads(out)["status"] == "cancelled"  # the run is still printed
     assert f"runfleet resume {run_id} --local" in err, err
     doc = the_run(tmp_path, run_id)

@@ -111,15 +111,22 @@ async def test_nats_unreachable_is_503_with_retry_after(
     assert resp.status == 200
 
 
-async def test_unknown_routes_and_methods_answer_the_error_shape(api: Api) -> None:
+async def test_unknown_routes_and_methods_answer_the_error_shape_with_a_remedy(api: Api) -> None:
+    """docs/api.md: an error body always carries code, message and remedy."""
     status, body, _ = await api.call("GET", "/api/v1/nothing")
     assert status == 404 and body["error"]["code"] == "not_found"
+    assert "openapi" in body["error"]["remedy"]
     status, body, _ = await api.call("DELETE", "/api/v1/runs")
     assert status == 405 and body["error"]["code"] == "method_not_allowed"
+    assert "method" in body["error"]["remedy"]
     status, body, _ = await api.call("POST", "/api/v1/runs", data=b"not json")
     assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert body["error"]["remedy"]
     status, body, _ = await api.call("GET", "/api/v1/dlq/abc", template="/api/v1/dlq/{record_id}")
     assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert body["error"]["remedy"]
+    status, body, _ = await api.call("GET", "/api/v1/runs?limit=0", template="/api/v1/runs")
+    assert status == 400 and set(body["error"]) >= {"code", "message", "remedy"}, body
 
 
 async def raw_http(api: Api, request: bytes) -> bytes:

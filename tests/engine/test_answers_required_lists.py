@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.errors import AnswersRequired
+from engine.errors import AnswersInvalid, AnswersRequired
 from engine.loader import LoadedWorkflow, load_workflow
 from engine.local import LocalEnv, resume_local, run_local
 from engine.resume import ResumeRequest, judge_resume
@@ -76,3 +76,20 @@ async def test_answers_required_when_a_node_whose_questions_are_all_optional_get
     assert done.checkpoint is not None
     assert done.checkpoint.outputs["ask"] == {"note": "fine", "count": None}
     assert done.checkpoint.outputs["done"] == {"note": "fine"}
+
+
+async def test_answers_invalid_when_the_run_is_not_waiting_for_answers(
+    env: LocalEnv, load: Callable[[str], LoadedWorkflow]
+) -> None:
+    """An answer given to a run that asks nothing (here: failed_resumable at the budget guard)
+    would be dropped without a word; it is refused, naming the answer."""
+    stopped = await run_local(env, load("examples/budget_guard"), {})
+    assert stopped.status is RunStatus.FAILED_RESUMABLE
+
+    with pytest.raises(AnswersInvalid) as info:
+        judge_resume(stopped, ResumeRequest(cli_answers={"approved": "yes"}))
+
+    assert info.value.code == "answers_invalid"
+    assert info.value.field == "approved"
+    assert "not waiting for answers" in info.value.message
+    judge_resume(stopped, ResumeRequest())  # without answers it resumes
