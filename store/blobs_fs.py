@@ -216,28 +216,41 @@ def _os_errors(what: str) -> Iterator[None]:
 
 def _atomic_write(key: str, dest: Path, write: Callable[[BinaryIO], object]) -> BlobInfo:
     """Write through a temp file in `dest`'s directory, fsync, then rename over `dest`."""
-    fd, tmp = _mkstemp_in(dest.parent, key)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-            st = os.fstat(out.fileno())
-        os.replace(tmp, dest)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise StoreError(f"cannot write blob {key!r} to {dest}: {exc}") from exc
-        raise
-    _fsync_dir(dest.parent)
-    return _info(key, st)
+    info = _through_temp(key, dest, write, _replace)
+    assert info is not None  # a rename always lands
+    return info
 
 
 def _atomic_create(key: str, dest: Path, write: Callable[[BinaryIO], object]) -> BlobInfo | None:
     """`_atomic_write`, but `os.link` instead of the rename: the link fails when `dest` exists,
     so an existing blob is never replaced, and it appears whole (the temp file was complete and
     fsynced before it got its second name). None when `dest` was there."""
+    return _through_temp(key, dest, write, _link_if_absent)
+
+
+def _replace(key: str, tmp: str, dest: Path) -> bool:
+    os.replace(tmp, dest)
+    return True
+
+
+def _link_if_absent(key: str, tmp: str, dest: Path) -> bool:
+    try:
+        os.link(tmp, dest)
+    except FileExistsError:
+        if not dest.is_file():  # a directory (`a` when `a/b` is a blob), as put_bytes says
+            raise StoreError(f"cannot create blob {key!r}: {dest} is not a file") from None
+        return False
+    return True
+
+
+def _through_temp(
+    key: str,
+    dest: Path,
+    write: Callable[[BinaryIO], object],
+    land: Callable[[str, str, Path], bool],
+) -> BlobInfo | None:
+    """Write a temp file in `dest`'s directory, fsync it, and `land` it at `dest` (False: it
+    did not, and nothing changed). The temp file never outlives the call."""
     fd, tmp = _mkstemp_in(dest.parent, key)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -245,17 +258,14 @@ def _atomic_create(key: str, dest: Path, write: Callable[[BinaryIO], object]) ->
             out.flush()
             os.fsync(out.fileno())
             st = os.fstat(out.fileno())
-        try:
-            os.link(tmp, dest)
-        except FileExistsError:
-            if not dest.is_file():  # a directory (`a` when `a/b` is a blob), as put_bytes says
-                raise StoreError(f"cannot create blob {key!r}: {dest} is not a file") from None
-            return None
+        landed = land(key, tmp, dest)
     except OSError as exc:
-        raise StoreError(f"cannot create blob {key!r} at {dest}: {exc}") from exc
+        raise StoreError(f"cannot write blob {key!r} to {dest}: {exc}") from exc
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp)  # after a rename it is gone already; after a link, a second name
+    if not landed:
+        return None
     _fsync_dir(dest.parent)
     return _info(key, st)
 

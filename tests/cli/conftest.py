@@ -522,3 +522,55 @@ def write_workflow(directory: Path, name: str, text: str) -> Path:
     path = directory / f"{name}.yaml"
     path.write_text(text)
     return path
+
+
+REFUSED_WITHIN_S = 30.0
+"""A refusal comes before anything starts: seconds at most. A command still running after this
+started something."""
+
+
+def run_to_exit(
+    data: Path, args: Sequence[str], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`runfleet ARGS` on `data`, to its exit. One still running after REFUSED_WITHIN_S did not
+    refuse: it is killed with whatever it started (its nats-server and runners live in their
+    own sessions), and the test fails."""
+    proc = subprocess.Popen(
+        [str(RUNFLEET), *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=REFUSED_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in processes_of(data):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"`runfleet {args[0]}` did not refuse; it ran:\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def runfleet_without_fleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`runfleet ARGS` pointed at a NATS address where nothing listens, with a data dir of its
+    own: for flags judged before anything is opened (reaching NATS would be exit 4, not 2)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
+    env["RUNFLEET_DATA"] = str(tmp_path / "data")
+    env["RUNFLEET_NATS_URL"] = "nats://127.0.0.1:1"  # nothing there: never a real fleet
+    return subprocess.run(
+        [str(RUNFLEET), *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -7,29 +7,16 @@ No fleet is needed: the flags are judged before anything is opened."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import ROOT, RUNFLEET
+from tests.cli.conftest import runfleet_without_fleet
 
 
 def resume(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
-    env["RUNFLEET_DATA"] = str(tmp_path / "data")
-    env["RUNFLEET_NATS_URL"] = "nats://127.0.0.1:1"  # nothing there: never a real fleet
-    return subprocess.run(
-        [str(RUNFLEET), "resume", "0123456789ab", "--local", *flags],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return runfleet_without_fleet(tmp_path, "resume", "0123456789ab", "--local", *flags)
 
 
 @pytest.mark.parametrize(

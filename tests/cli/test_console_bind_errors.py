@@ -6,9 +6,6 @@ in use — which `up` refuses before it starts anything, so there is no fleet to
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -16,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import ROOT, RUNFLEET, fleet_env, processes_of
-
-EXIT_WITHIN_S = 30.0
+from tests.cli.conftest import fleet_env, processes_of, run_to_exit
 
 
 @pytest.fixture
@@ -31,29 +26,7 @@ def busy_port() -> Iterator[int]:
 
 
 def runfleet(data: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """`runfleet ARGS` on `data`, to its exit; one still serving after EXIT_WITHIN_S did not
-    refuse: it is killed with whatever it started, and the test fails."""
-    proc = subprocess.Popen(
-        [str(RUNFLEET), *args],
-        cwd=ROOT,
-        env={**fleet_env(data), **env},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=EXIT_WITHIN_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in processes_of(data):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"`runfleet {args[0]}` kept running:\n{err}") from None
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_to_exit(data, args, {**fleet_env(data), **env})
 
 
 def assert_usage_error(result: subprocess.CompletedProcess[str], *, flag: str, value: str) -> str:

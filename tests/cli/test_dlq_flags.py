@@ -8,30 +8,17 @@ at a NATS address where nothing listens — reaching it would be exit 4, not 2."
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from runner.operations.dlq import DLQ_REASONS
-from tests.cli.conftest import ROOT, RUNFLEET
+from tests.cli.conftest import runfleet_without_fleet
 
 
 def runfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
-    env["RUNFLEET_DATA"] = str(tmp_path / "data")
-    env["RUNFLEET_NATS_URL"] = "nats://127.0.0.1:1"  # nothing there: never a real fleet
-    return subprocess.run(
-        [str(RUNFLEET), *args],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return runfleet_without_fleet(tmp_path, *args)
 
 
 @pytest.mark.parametrize(

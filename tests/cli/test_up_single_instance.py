@@ -8,7 +8,6 @@ next start. And an `up` removes only the `nats.url` it wrote.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -20,44 +19,19 @@ import pytest
 from runner.embedded import UP_LOCK_FILE, EmbeddedFleet
 from store.url import open_store
 from tests.cli.conftest import (
-    ROOT,
-    RUNFLEET,
     Up,
     alive,
     eventually,
     processes_of,
+    run_to_exit,
     stop_cleanly,
 )
 
-REFUSED_WITHIN_S = 30.0
-"""A refusal comes before anything starts: seconds at most. An `up` still running after this
-started a second fleet."""
-
 
 def run_up(data: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`runfleet up` on `data`, to its exit. One that does not exit (it started a fleet) is
-    killed with whatever it started, and the test fails."""
-    proc = subprocess.Popen(
-        [str(RUNFLEET), "up", "--runners", "1", "--slots", "2", "--no-view", "--data", str(data)],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    return run_to_exit(
+        data, ["up", "--runners", "1", "--slots", "2", "--no-view", "--data", str(data)], env
     )
-    try:
-        out, err = proc.communicate(timeout=REFUSED_WITHIN_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in processes_of(data):  # its nats-server and runners live in their own sessions
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"`runfleet up` did not refuse; it ran:\n{err}") from None
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
