@@ -558,7 +558,9 @@ def run_to_exit(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def runfleet_without_fleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def runfleet_without_fleet(
+    tmp_path: Path, *args: str, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
     """`runfleet ARGS` pointed at a NATS address where nothing listens, with a data dir of its
     own: for flags judged before anything is opened (reaching NATS would be exit 4, not 2)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
@@ -566,7 +568,7 @@ def runfleet_without_fleet(tmp_path: Path, *args: str) -> subprocess.CompletedPr
     env["RUNFLEET_NATS_URL"] = "nats://127.0.0.1:1"  # nothing there: never a real fleet
     return subprocess.run(
         [str(RUNFLEET), *args],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,

@@ -6,11 +6,9 @@ is opened first: no fleet, no store."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-from tests.cli.conftest import CLI_TIMEOUT_S, RUNFLEET
+from tests.cli.conftest import runfleet_without_fleet
 
 COMMANDS = [
     ("validate", "nope.yaml"),
@@ -23,20 +21,9 @@ COMMANDS = [
 
 
 def test_a_missing_workflow_file_is_the_same_usage_error_for_every_command(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
-    env["RUNFLEET_DATA"] = str(tmp_path / "data")
-    env["RUNFLEET_NATS_URL"] = "nats://127.0.0.1:1"
     answers = {}
     for args in COMMANDS:
-        result = subprocess.run(
-            [str(RUNFLEET), *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=CLI_TIMEOUT_S,
-            check=False,
-        )
+        result = runfleet_without_fleet(tmp_path, *args, cwd=tmp_path)
         answers[args] = (result.returncode, "'nope.yaml' does not exist" in result.stderr)
     assert answers == {args: (2, True) for args in COMMANDS}
     assert not (tmp_path / "data").exists()

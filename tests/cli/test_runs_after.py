@@ -7,11 +7,10 @@ console script, with no fleet (listing needs only the store).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
-from tests.cli.conftest import CLI_TIMEOUT_S, ROOT, RUNFLEET
+from tests.cli.conftest import runfleet_without_fleet
 
 UNKNOWN = "01ffffff-0000-7000-8000-000000000000"
 """A well-formed run id no run has: it sorts after every run made today, so before the fix it
@@ -19,18 +18,7 @@ listed the whole store from the start."""
 
 
 def runfleet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
-    env["RUNFLEET_DATA"] = str(tmp_path / "data")
-    env["RUNFLEET_NATS_URL"] = "nats://127.0.0.1:1"
-    return subprocess.run(
-        [str(RUNFLEET), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
+    return runfleet_without_fleet(tmp_path, *args)
 
 
 def three_runs(tmp_path: Path) -> list[str]:
