@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 
-from engine.loader import load_workflow
+from engine.loader import LoadedWorkflow, load_workflow
 from engine.resume import ResumeRequest
 from runner import operations as ops
 from runner.console.dlq_api import DLQ_ROUTES
@@ -35,8 +35,9 @@ from runner.console.models import (
 from runner.console.routing import Call, Param, Reply, Route, invalid, owned_run
 from runner.console.sse import stream
 from runner.console.uploads_api import UPLOAD_ROUTES, file_answers
+from runner.operations.errors import IdempotencyKeyReused
 from runner.operations.retry_wait import waiting_retry
-from store import RunAlreadyExists, RunNotFound, RunStatus
+from store import RunAlreadyExists, RunDocument, RunNotFound, RunStatus
 from store.settings import DURATION_FORM
 from store.timeutil import parse_duration
 
@@ -65,7 +66,7 @@ async def launch(call: Call) -> Reply:
             raise invalid(f"Idempotency-Key: 1 to {IDEMPOTENCY_KEY_MAX} characters")
         run_id = idempotent_run_id(call.principal.tenant, key)
         try:  # a retry: its uploads were promoted by the first launch, so look before checking
-            return Reply(RunOut.of(await owned_run(call, run_id)), 200)
+            return _retried(await owned_run(call, run_id), loaded, body)
         except RunNotFound:
             pass
     try:
@@ -74,8 +75,29 @@ async def launch(call: Call) -> Reply:
         )
     except RunAlreadyExists:  # a concurrent retry created it first
         assert run_id is not None
-        return Reply(RunOut.of(await owned_run(call, run_id)), 200)
+        return _retried(await owned_run(call, run_id), loaded, body)
     return Reply(RunOut.of(doc), 201)
+
+
+def _retried(first: RunDocument, loaded: LoadedWorkflow, body: LaunchRequest) -> Reply:
+    """The run a key made, for a retry of the request that made it; `IdempotencyKeyReused` when
+    the key comes back with another workflow, other vars or other attachment names. Upload ids
+    are not compared: the first launch consumed them, and the run keeps only what they held."""
+    differs = [
+        what
+        for what, same in (
+            ("workflow", first.workflow.source_hash == loaded.source_hash),
+            ("vars", first.inputs == body.vars),
+            ("attachments", {f.name for f in first.attachments} == set(body.attachments)),
+        )
+        if not same
+    ]
+    if differs:
+        raise IdempotencyKeyReused(
+            f"this Idempotency-Key launched run {first.run_id} from a request with other"
+            f" {' and '.join(differs)}"
+        )
+    return Reply(RunOut.of(first), 200)
 
 
 async def status(call: Call) -> RunOut:
@@ -176,12 +198,13 @@ RUN_ROUTES: tuple[Route, ...] = (
                 "Idempotency-Key",
                 "header",
                 {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX},
-                "a retried launch with the same key returns the first run (200)",
+                "a retried launch with the same key returns the first run (200); the key with"
+                " another workflow, vars or attachment names is 422 idempotency_key_reused",
             ),
         ),
         writes=True,
         status=201,
-        also=(200, 404),
+        also=(200, 404, 422),
     ),
     Route(
         "GET",

@@ -41,6 +41,8 @@ REFUSAL_STATUS: dict[str, int] = {
     # the answers do not answer the questions
     "answers_required": 422,
     "answers_invalid": 422,
+    # a retried launch that is not the request its key first made (the IETF idempotency-key draft)
+    "idempotency_key_reused": 422,
 }
 """A refusal's status by code; a refusal not listed (a workflow that does not load, a var the
 workflow does not declare, an ambiguous run id prefix, an upload that cannot be staged or

@@ -40,7 +40,8 @@ _ERRORS: dict[int, str] = {
     403: "a read token asked to write",
     404: "not found (another tenant's run or record is not found either)",
     409: "the run or record is not in a state that allows it",
-    422: "the answers do not answer the pending questions",
+    422: "the answers do not answer the pending questions, or an Idempotency-Key came back with"
+    " another launch",
     500: "an internal error",
     503: "NATS or the store is unreachable; retry after Retry-After seconds",
 }

@@ -38,6 +38,16 @@ class RunIdAmbiguous(Refusal, code="run_id_ambiguous"):
         return {**super().to_dict(), "candidates": list(self.candidates)}
 
 
+class IdempotencyKeyReused(Refusal, code="idempotency_key_reused"):
+    """A launch whose `Idempotency-Key` already made a run from a different request: answering
+    with that run would tell the caller its new workflow, vars or attachments were queued."""
+
+    remedy = (
+        "use a new Idempotency-Key for a different launch (a retry must repeat the first"
+        " request's workflow, vars and attachment names)"
+    )
+
+
 class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
     """A second `runfleet up` on a data dir whose fleet runs: it would start a second
     nats-server on the same JetStream store, a second sweeper over the same SQLite file, and

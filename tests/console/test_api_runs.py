@@ -49,6 +49,26 @@ async def test_launch_with_an_idempotency_key_returns_the_first_run_for_a_retry(
     assert await api.fleet.stream_messages() == 2  # the retry queued nothing
 
 
+async def test_an_idempotency_key_reused_for_another_launch_is_refused_422(api: Api) -> None:
+    key = {"Idempotency-Key": "order-77"}
+    status, first, _ = await api.call("POST", "/api/v1/runs", json={"workflow": HELLO}, headers=key)
+    other_vars, by_vars, _ = await api.call(
+        "POST", "/api/v1/runs", json={"workflow": HELLO, "vars": {"name": "x"}}, headers=key
+    )
+    other_source, by_source, _ = await api.call(
+        "POST", "/api/v1/runs", json={"workflow": APPROVAL}, headers=key
+    )
+    retry, again, _ = await api.call("POST", "/api/v1/runs", json={"workflow": HELLO}, headers=key)
+
+    assert (status, other_vars, other_source, retry) == (201, 422, 422, 200)
+    for refused, differs in ((by_vars, "vars"), (by_source, "workflow")):
+        assert refused["error"]["code"] == "idempotency_key_reused"
+        assert first["run_id"] in refused["error"]["message"]
+        assert differs in refused["error"]["message"] and refused["error"]["remedy"]
+    assert again["run_id"] == first["run_id"]
+    assert await api.fleet.stream_messages() == 1  # neither refused request queued anything
+
+
 async def test_launch_of_a_workflow_that_does_not_load_is_refused_400(api: Api) -> None:
     status, body, _ = await api.call("POST", "/api/v1/runs", json={"workflow": "name: [unclosed"})
     assert status == 400 and body["error"]["code"] == "workflow_invalid"
