@@ -19,6 +19,7 @@ from typing import Any
 
 import uuid6
 
+from engine import attachments
 from engine.cancel import CancelSignal
 from engine.events import EventLog
 from engine.execution import EngineEnv, Execution
@@ -47,6 +48,7 @@ from store import (
     lease_is_free,
     utcnow,
 )
+from store.staging import StagingStore
 
 
 def owner_name() -> str:
@@ -139,6 +141,9 @@ async def claim_local(env: LocalEnv, run: RunDocument, request: ResumeRequest) -
         spec = judge_resume(run, request).model_copy(update={"kind": "local"})
     token = uuid.uuid4().hex
     attempt = run.attempt + 1
+    answered = await _promote_uploaded_answers(
+        env, run.model_copy(update={"attempt": attempt}), spec
+    )
     fields: dict[str, Any] = {
         "status": RunStatus.RUNNING,
         "origin": Origin.LOCAL,
@@ -153,6 +158,7 @@ async def claim_local(env: LocalEnv, run: RunDocument, request: ResumeRequest) -
             owner=owner_name(), token=token, attempt=attempt, expires_at=now + timing.ttl
         ).model_dump(),
         **claim_effects(run, spec),
+        **answered,
     }
     result = await env.store.update_run(
         run.run_id,
@@ -169,6 +175,20 @@ async def claim_local(env: LocalEnv, run: RunDocument, request: ResumeRequest) -
     events = EventLog(env.store, run.run_id, attempt, token, listener=env.on_event)
     await events.emit("run_resumed", from_status=str(run.status))
     return result
+
+
+async def _promote_uploaded_answers(
+    env: LocalEnv, run: RunDocument, spec: ResumeSpec
+) -> dict[str, Any]:
+    """A `file` answer staged by the operations (`resume --local --answer doc=@PATH`) becomes
+    an attachment as it does through the queue (SPEC §6.4, §8): promoted before the CAS, and
+    the run's `attachments` field for the CAS to write. A path answer, or no blob store, makes
+    none (the answer keeps the path where the file is)."""
+    if env.blobs is None or not attachments.uploaded_answers(run, spec):
+        return {}
+    staging = StagingStore(env.store, env.blobs)
+    await attachments.promote_answers(staging, env.blobs, run, spec)
+    return attachments.answer_attachments(run, spec)
 
 
 async def resume_local(

@@ -252,8 +252,11 @@ async def resume_local(
 ) -> RunDocument:
     """Resume in this process (SPEC §5.3 Local), re-claiming up to `auto_resume` times while
     the outcome is an auto-resumable failure; `interrupt` as in `run_local` (no re-claim once
-    it was asked)."""
+    it was asked). A `file` answer naming a local file is staged first, as `resume` does, so
+    the run holds it as an attachment wherever it executes next (SPEC §6.4, §8)."""
     run_id = await resolve_run_id(env, run_id)
+    run = await env.store.get_run(run_id)
+    request = await uploads.stage_file_answers(env, run, request, tenant=env.tenant)
     return await engine_local.resume_local(
         _local(env, on_event, interrupt), run_id, request, auto_resume=auto_resume
     )

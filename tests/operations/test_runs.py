@@ -3,9 +3,12 @@ the real nats-server, returning its typed value or raising its typed error."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.errors import AnswersInvalid
+from engine.loader import load_workflow
 from engine.refusals import RunNotResumable
 from engine.resume import ResumeRequest
 from publisher import WireNames, decode
@@ -122,6 +125,44 @@ async def test_resume_local_answers_a_waiting_run_in_process(env: Env) -> None:
         env, waiting.run_id, ResumeRequest(cli_answers={"approved": "yes"})
     )
     assert (done.status, done.attempt) == (RunStatus.FINISHED, 2)
+
+
+ASK_FOR_A_FILE = """\
+name: ask_for_a_file
+entry: ask
+nodes:
+  ask:
+    kind: human
+    questions:
+      - name: doc
+        type: file
+  show_doc:
+    kind: tool
+    run: cat {{ attachments.doc.path }}
+    output: text
+edges:
+  - from: ask
+    to: show_doc
+"""
+
+
+async def test_resume_local_holds_a_file_answer_as_an_attachment_like_a_queued_resume(
+    env: Env, tmp_path: Path
+) -> None:
+    waiting = await ops.run_local(env, load_workflow(ASK_FOR_A_FILE, "ask.yaml"), {})
+    answer = tmp_path / "answer.txt"
+    answer.write_text("the answer's bytes\n")
+
+    done = await ops.resume_local(
+        env, waiting.run_id, ResumeRequest(cli_answers={"doc": f"@{answer}"})
+    )
+
+    assert done.status is RunStatus.FINISHED, done.error
+    (held,) = done.attachments
+    assert (held.name, held.filename, held.bytes) == ("doc", "answer.txt", 19)
+    assert await env.blobs.get_bytes(held.key) == b"the answer's bytes\n"
+    assert done.checkpoint is not None
+    assert str(done.checkpoint.outputs["show_doc"]).strip() == "the answer's bytes"
 
 
 async def test_cancel_of_a_queued_run_cancels_it_directly(env: Env) -> None:
