@@ -75,6 +75,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── RecordNotReplayable                 record_not_replayable
         ├── RunIdAmbiguous                      run_id_ambiguous
         ├── FleetAlreadyRunning                 fleet_already_running
+        ├── NotConfirmed                        not_confirmed
         ├── IdempotencyKeyReused                idempotency_key_reused
         ├── AttachmentNameInvalid               attachment_name_invalid
         ├── AttachmentTooLarge                  attachment_too_large

@@ -15,7 +15,7 @@ from publisher import DlqRecord
 from runner import operations as ops
 from runner.cli.errors import EXIT_REFUSED, EXIT_UNREACHABLE
 from runner.cli.options import DURATION
-from runner.cli.runtime import command, echo_json, json_option
+from runner.cli.runtime import command, confirm_or_refuse, echo_json, json_option
 from runner.operations import RecordDetail, ReplayReport, open_env
 from runner.operations.dlq import DLQ_REASONS
 from store import utcnow
@@ -262,8 +262,9 @@ async def dlq_purge(
         if not yes:
             listing = ", ".join(str(r.id) for r in records[:20])
             more = f" and {len(records) - 20} more" if len(records) > 20 else ""
-            if not click.confirm(f"purge {len(records)} record(s): {listing}{more}?", err=True):
-                raise click.Abort()
+            confirm_or_refuse(
+                f"purge {len(records)} record(s): {listing}{more}?", nothing_done="nothing purged"
+            )
         removed = await ops.purge_records(env, [r.id for r in records])
     if as_json:
         echo_json({"removed": removed})

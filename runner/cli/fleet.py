@@ -16,7 +16,7 @@ import click
 
 from runner import operations as ops
 from runner.cli.options import DURATION
-from runner.cli.runtime import command, json_option
+from runner.cli.runtime import command, confirm_or_refuse, json_option
 from runner.cli.views import echo_json
 from runner.operations import open_env
 from store.settings import format_duration
@@ -299,15 +299,11 @@ async def gc_cmd(older_than: timedelta, yes: bool, as_json: bool) -> None:
     age = older_than
     async with open_env(create_store=False) as env:
         plan = await ops.plan_gc(env, age)
-        if (
-            plan.run_ids
-            and not yes
-            and not click.confirm(
+        if plan.run_ids and not yes:
+            confirm_or_refuse(
                 f"delete {len(plan.run_ids)} run(s) older than {format_duration(older_than)}?",
-                err=True,
+                nothing_done="nothing deleted",
             )
-        ):
-            raise click.Abort()
         collected = await ops.collect_garbage(env, plan)
         if collected.dlq_error is not None:
             click.echo(f"DLQ not collected: {collected.dlq_error.message}", err=True)

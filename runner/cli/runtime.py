@@ -16,13 +16,26 @@ import click
 from publisher.nats_errors import NATS_ERRORS, translate_nats_error
 from runner.cli.errors import EXIT_OK, EXIT_OTHER, fail
 from runner.cli.views import echo_json
+from runner.operations.errors import NotConfirmed
 from store import RunfleetError
 
 P = ParamSpec("P")
 
-__all__ = ["command", "echo_json", "json_option"]
+__all__ = ["command", "confirm_or_refuse", "echo_json", "json_option"]
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document")
+
+
+def confirm_or_refuse(question: str, *, nothing_done: str) -> None:
+    """Ask before a destructive step; a no, or no terminal to ask on (stdin closed), is the
+    refusal `not_confirmed` (exit 3, `--json` error) saying `nothing_done` — not click's bare
+    "Aborted!" with exit 1, which reads as a crash and names no way forward."""
+    try:
+        if click.confirm(question, err=True):
+            return
+    except click.Abort:
+        click.echo(err=True)  # the prompt's line was left open
+    raise NotConfirmed(f"not confirmed: {nothing_done}")
 
 
 def quiet_library_logs() -> None:

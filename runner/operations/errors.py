@@ -48,6 +48,13 @@ class IdempotencyKeyReused(Refusal, code="idempotency_key_reused"):
     )
 
 
+class NotConfirmed(Refusal, code="not_confirmed"):
+    """A destructive command (`dlq purge`, `gc`) whose question was answered no, or could not
+    be asked (no terminal): nothing was removed."""
+
+    remedy = "answer y at the question, or pass --yes to run it without asking (a script)"
+
+
 class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
     """A second `runfleet up` on a data dir whose fleet runs: it would start a second
     nats-server on the same JetStream store, a second sweeper over the same SQLite file, and

@@ -164,15 +164,21 @@ def test_purge_removes_only_the_records_it_names(fleet: Up, workdir: Path) -> No
         purge(fleet, *(record_ids(fleet) & {first.record_id, second.record_id}))
 
 
-def test_purge_all_without_yes_and_no_terminal_aborts_and_removes_nothing(
+def test_purge_all_without_yes_and_no_terminal_is_refused_not_confirmed_and_removes_nothing(
     fleet: Up, poison: int
 ) -> None:
     before = record_ids(fleet)
     assert poison in before
     result = fleet.cli("dlq", "purge", "--all")  # stdin is closed: the confirmation fails
-    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.returncode == 3, (result.stdout, result.stderr)
     assert "purge" in result.stderr and "[y/N]" in result.stderr  # it asked first
-    assert "removed" not in result.stdout
+    assert "error [not_confirmed]" in result.stderr and "nothing purged" in result.stderr
+    assert "--yes" in result.stderr  # the remedy names the way a script says yes
+    assert "Aborted" not in result.stderr and "removed" not in result.stdout
+
+    as_json = fleet.cli("dlq", "purge", "--all", "--json")
+    assert as_json.returncode == 3
+    assert json.loads(as_json.stdout)["error"]["code"] == "not_confirmed"
     assert record_ids(fleet) == before
 
 
