@@ -82,3 +82,15 @@ class RecordNotFound(Refusal, code="record_not_found"):
     """No DLQ record with that id."""
 
     remedy = "list records with `runfleet dlq list`"
+
+
+class ConsumerMismatch(RunfleetError, code="consumer_mismatch"):
+    """The runners' durable consumer contradicts the settings of the process that checked it
+    (SPEC §3): a usage error (exit 2), since restarting cannot mend it, only the settings can."""
+
+    remedy = (
+        "run with the RUNFLEET_* values the fleet's runners use (a `runfleet up` fleet shares its"
+        " own with every command that finds it through RUNFLEET_DATA); to change the fleet on"
+        " purpose, run `runfleet streams ensure` with the new values, then restart every runner"
+        " with them"
+    )

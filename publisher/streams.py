@@ -7,6 +7,8 @@ ack policy); rather than silently leave a stream that contradicts the contract, 
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
@@ -33,6 +35,9 @@ SERVER_DEFAULT_DUPLICATE_WINDOW = 120.0
 class EnsureReport:
     created: list[str]
     updated: list[str]
+    changes: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    """What an update changed, by name: `max_deliver 3 -> 10` (what an operator must carry
+    to every runner, SPEC §3)."""
 
 
 def runs_stream_config(names: WireNames, s: WireSettings) -> StreamConfig:
@@ -130,6 +135,7 @@ async def _ensure_stream(js: JetStreamContext, want: StreamConfig, report: Ensur
     if _differs(have, want):
         await js.update_stream(want)
         report.updated.append(want.name)
+        report.changes[want.name] = _changes(have, want)
 
 
 async def _ensure_consumer(
@@ -149,19 +155,30 @@ async def _ensure_consumer(
     if _differs(have, want):
         await js.add_consumer(stream, want)  # same durable: the server updates it in place
         report.updated.append(label)
+        report.changes[label] = _changes(have, want)
 
 
 def _differs(have: object, want: object) -> bool:
+    return bool(_changes(have, want))
+
+
+def _changes(have: object, want: object) -> list[str]:
+    """`field old -> new` for each field `want` sets that `have` does not hold."""
+    out: list[str] = []
     for field, value in vars(want).items():
         if value is None:
             continue
         current = getattr(have, field, None)
         if isinstance(value, float) or isinstance(current, float):
             if current is None or abs(float(current) - float(value)) > 1e-6:
-                return True
+                out.append(f"{field} {current} -> {value}")
         elif current != value:
-            return True
-    return False
+            out.append(f"{field} {_shown(current)} -> {_shown(value)}")
+    return out
+
+
+def _shown(value: object) -> str:
+    return str(value.value) if isinstance(value, enum.Enum) else str(value)
 
 
 async def ensure_streams(

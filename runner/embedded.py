@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -29,6 +30,7 @@ from publisher.config import NATS_URL_FILE, WireSettings
 from publisher.connection import connect
 from publisher.streams import ensure_streams
 from publisher.wire import WireNames
+from runner import fleet_settings
 from runner.localcluster import NatsCluster
 from runner.localnats import NatsServer
 from runner.operations.errors import FleetAlreadyRunning
@@ -36,6 +38,10 @@ from store import RunStore
 
 log = logging.getLogger(__name__)
 _PORT_LINE = re.compile(rb"slots, http :(\d+)")
+_ERROR_LINE = re.compile(rb"^error \[([a-z0-9_]+)\]: (.*)$", re.MULTILINE)
+QUICK_EXIT_S = 10.0
+"""A runner that dies sooner than this after its start is restarted after a delay."""
+MAX_BACKOFF_S = 30.0
 UP_LOCK_FILE = "up.lock"
 """Under RUNFLEET_DATA: locked by the `runfleet up` that serves it, and holding its pid."""
 
@@ -118,6 +124,13 @@ class RunnerProcess:
     started_at: float = field(default_factory=time.monotonic)
     log_offset: int = 0
     """Where this start's lines begin in the appended log (earlier starts held other ports)."""
+    last_exit: str | None = None
+    """Why the last process ended: its exit code and the error it printed, for the view."""
+    backoff_s: float = 0.0
+    restart_at: float | None = None
+    """When a dead process is started again: at once after a long life, later after each
+    quick death in a row (a runner whose settings cannot work would otherwise restart, fail
+    and log in a tight loop until someone fixes them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +147,9 @@ class RunnerRow:
     """Executions it runs (`runfleet_inflight_runs`); None when it did not answer."""
     restarts: int
     answering: bool
+    last_exit: str | None = None
+    """Why its last process ended, while none runs (`exit 2 [consumer_mismatch] …`)."""
+    restart_in_s: float | None = None
 
 
 class EmbeddedFleet:
@@ -163,6 +179,8 @@ class EmbeddedFleet:
         self.nats_url = ""
         self._url_written: str | None = None
         """What this fleet wrote to `nats.url`: the only content it may remove."""
+        self._settings_written: str | None = None
+        """What it wrote to `fleet-settings.json` (`runner.fleet_settings`), likewise."""
         self.procs: list[RunnerProcess] = []
         self.stopping = False
         self._stop = asyncio.Event()
@@ -186,6 +204,10 @@ class EmbeddedFleet:
             )
             await asyncio.to_thread(self.server.start)
             self.nats_url = self.server.url  # a cluster's: its servers, comma-separated
+            # The settings first: a command that sees `nats.url` finds what the fleet runs with.
+            self._settings_written = fleet_settings.write(
+                self.data, fleet_settings.shared_settings(self._env(), Path.cwd())
+            )
             self._write_url()
         replicas = self.nats_cluster if self.nats_cluster > 1 else wire.stream_replicas
         wire = WireSettings(data=self.data, nats_url=self.nats_url, stream_replicas=replicas)
@@ -253,19 +275,36 @@ class EmbeddedFleet:
     # -- supervise ---------------------------------------------------------------------------
 
     async def supervise(self) -> None:
-        """Restart runner processes that die (until the fleet stops)."""
+        """Restart runner processes that die (until the fleet stops): at once after a long
+        life, with a doubling delay after quick deaths in a row (`QUICK_EXIT_S`)."""
         while not self.stopping:
             for rp in self.procs:
                 if rp.proc is not None and rp.proc.returncode is not None and not self.stopping:
-                    log.warning(
-                        "runner %d exited with %s; restarting", rp.index, rp.proc.returncode
-                    )
-                    rp.restarts += 1
-                    await self._spawn(rp)
-                if rp.http_port is None:
+                    now = time.monotonic()
+                    if rp.restart_at is None:
+                        self._note_exit(rp, rp.proc.returncode, now)
+                    if now >= (rp.restart_at or now):
+                        rp.restarts += 1
+                        rp.restart_at = None
+                        await self._spawn(rp)
+                if rp.http_port is None and rp.proc is not None and rp.proc.returncode is None:
                     rp.http_port = _read_port(rp.log_path, rp.log_offset)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.5)
+
+    def _note_exit(self, rp: RunnerProcess, code: int, now: float) -> None:
+        quick = now - rp.started_at < QUICK_EXIT_S
+        rp.backoff_s = min(MAX_BACKOFF_S, max(1.0, rp.backoff_s * 2)) if quick else 0.0
+        rp.restart_at = now + rp.backoff_s
+        error = _last_error(rp.log_path, rp.log_offset)
+        rp.last_exit = f"exit {code}" + (f" {error}" if error else "")
+        log.warning(
+            "runner %d: %s; restarting%s (log: %s)",
+            rp.index,
+            rp.last_exit,
+            f" in {rp.backoff_s:.0f}s" if rp.backoff_s else "",
+            rp.log_path,
+        )
 
     # -- view --------------------------------------------------------------------------------
 
@@ -294,7 +333,10 @@ class EmbeddedFleet:
         live = rp.proc is not None and rp.proc.returncode is None
         pid = rp.proc.pid if live and rp.proc is not None else None
         row = RunnerRow(rp.index, pid, rp.http_port, self.slots, None, None, rp.restarts, False)
-        if not live or rp.http_port is None:
+        if not live:
+            wait = None if rp.restart_at is None else max(0.0, rp.restart_at - time.monotonic())
+            return dataclasses.replace(row, last_exit=rp.last_exit, restart_in_s=wait), 0.0
+        if rp.http_port is None:
             return row, 0.0
         base = f"http://127.0.0.1:{rp.http_port}"
         try:
@@ -357,6 +399,9 @@ class EmbeddedFleet:
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
             self._remove_url()
+            if self._settings_written is not None:
+                fleet_settings.remove(self.data, self._settings_written)
+                self._settings_written = None
 
 
 def subprocess_stdout() -> int:
@@ -372,6 +417,22 @@ def parse_runner_metrics(text: str) -> dict[str, float]:
         if name in wanted:
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def _last_error(path: Path, offset: int) -> str | None:
+    """The last `error [code]: message` line (SPEC §10's error output) the process that
+    started at `offset` printed: why it ended, for the view and `up`'s log."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(offset, f.seek(0, os.SEEK_END) - 65536))
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    found = list(_ERROR_LINE.finditer(tail))
+    if not found:
+        return None
+    code, message = found[-1].group(1).decode(), found[-1].group(2).decode(errors="replace")
+    return f"[{code}] {message[:160]}"
 
 
 def _read_port(path: Path, offset: int = 0) -> int | None:

@@ -30,6 +30,7 @@ from engine.sandbox.protocols import SandboxDriver
 from publisher.config import WireSettings
 from publisher.connection import connect
 from publisher.dlq import DlqStore
+from publisher.errors import ConsumerMismatch, StreamNotFound
 from publisher.publisher import Publisher
 from publisher.wire import WireNames
 from runner.backstop import Backstop
@@ -42,7 +43,7 @@ from runner.puller import Puller, PullRefused
 from runner.services import RunnerServices, default_owner
 from runner.supervisor import TaskGroup
 from runner.sweeper import Sweeper
-from store import BlobStore, RunfleetError, RunStore, StoreError
+from store import BlobStore, RunStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +58,6 @@ def gather_wait(delivered: int, asked: int, gather: float) -> float:
     what bounds it. An idle queue (an empty pull) never waits: the next lone run is handed over
     as it arrives, so latency at low load is unchanged."""
     return gather if 0 < delivered < asked else 0.0
-
-
-class ConsumerMismatch(RunfleetError, code="consumer_mismatch"):
-    """The durable consumer contradicts this runner's settings (SPEC §3)."""
-
-    remedy = "run `runfleet streams ensure` with the same RUNFLEET_* settings as the runners"
 
 
 class Runner:
@@ -302,19 +297,24 @@ class Runner:
         try:
             info = await self._consumer_info(js)
         except NotFoundError:
-            raise ConsumerMismatch(
+            raise StreamNotFound(
                 f"no consumer {self.names.consumer} on stream {self.names.runs_stream}"
             ) from None
         want_wait = self.wire.effective_ack_wait.total_seconds()
         cfg = info.config
         problems: list[str] = []
         if cfg.max_deliver != self.wire.max_deliver:
-            problems.append(f"max_deliver {cfg.max_deliver} != {self.wire.max_deliver}")
+            here = self.wire.max_deliver
+            problems.append(f"max_deliver {cfg.max_deliver} (RUNFLEET_MAX_DELIVER here: {here})")
         if cfg.ack_wait is None or abs(float(cfg.ack_wait) - want_wait) > 0.01:
-            problems.append(f"ack_wait {cfg.ack_wait} != {want_wait}")
+            problems.append(
+                f"ack_wait {cfg.ack_wait}s (RUNFLEET_ACK_WAIT, default RUNFLEET_LEASE_TTL +"
+                f" RUNFLEET_LEASE_SKEW, here: {want_wait}s)"
+            )
         if problems:
             raise ConsumerMismatch(
-                f"consumer {self.names.consumer} contradicts this runner: {'; '.join(problems)}"
+                f"consumer {self.names.consumer} has {'; '.join(problems)}: the settings here"
+                " contradict the fleet's (SPEC §3)"
             )
 
     async def _consumer_info(self, js: JetStreamContext) -> ConsumerInfo:

@@ -45,12 +45,24 @@ async def streams_ensure_cmd(as_json: bool) -> None:
     Example:
       RUNFLEET_NATS_URL=nats://nats:4222 runfleet streams ensure
     """
+    from publisher import WireNames
+    from publisher.config import WireSettings
+
     report = await ops.ensure_wire()
     if as_json:
-        echo_json({"created": report.created, "updated": report.updated})
+        echo_json({"created": report.created, "updated": report.updated, "changes": report.changes})
     else:
         click.echo(f"created: {', '.join(report.created) or '-'}")
         click.echo(f"updated: {', '.join(report.updated) or '-'}")
+        for name, changes in report.changes.items():
+            click.echo(f"  {name}: {', '.join(changes)}")
+    names = WireNames(WireSettings().namespace)
+    if f"{names.runs_stream}/{names.consumer}" in report.changes:
+        click.echo(
+            "note: runners check the consumer when they start (SPEC §3): one started with the"
+            " old values refuses to start again (consumer_mismatch) until it runs with these",
+            err=True,
+        )
 
 
 @click.command("up")

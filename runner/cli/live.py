@@ -38,6 +38,11 @@ def render(snap: dict[str, object], rate: float, restarts: int) -> str:
 
 def runner_line(row: RunnerRow) -> str:
     """`runner 0  pid 4242  http :38211  slots 1/8 in use  runs in flight 1`."""
+    if row.pid is None and row.last_exit:
+        # Why it is down and when it comes back: `up`'s log has the rest of the error.
+        when = "restarting" if row.restart_in_s is None else f"restart in {row.restart_in_s:.0f}s"
+        restarts = f", restarts {row.restarts}" if row.restarts else ""
+        return f"  runner {row.index}  not running: {row.last_exit} ({when}{restarts})"
     pid = f"pid {row.pid}" if row.pid is not None else "not running"
     port = f"http :{row.http_port}" if row.http_port is not None else "http (starting)"
     if row.answering:

@@ -6,23 +6,33 @@ The commands live by subject: `runs.py` (a run's life), `fleet.py` (processes an
 
 from __future__ import annotations
 
+import os
+
 import click
 
+from runner import fleet_settings
 from runner.cli import fleet, runs
 from runner.cli.console import console_cmd
 from runner.cli.dlq import dlq_group
 from runner.cli.uploads import upload_cmd
 from runner.cli.validate import validate_cmd
 
+NOT_ADOPTING = frozenset({"up", "validate"})
+"""`up` is the fleet whose settings the others adopt; `validate` reads no setting."""
+
 
 @click.group()
 @click.version_option(package_name="runfleet")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """runfleet: durable workflow runs on a fleet of runners fed by NATS JetStream.
 
     Settings come from RUNFLEET_* variables; RUNFLEET_DATA (default ./.runfleet) holds the
-    embedded default's SQLite store and blobs.
+    embedded default's SQLite store and blobs. A command that finds a `runfleet up` fleet there
+    uses the settings that fleet runs with, for each variable its own shell does not set.
     """
+    if ctx.invoked_subcommand not in NOT_ADOPTING:
+        fleet_settings.adopt(os.environ)
 
 
 for _command in (

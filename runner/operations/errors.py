@@ -15,7 +15,7 @@ from pathlib import Path
 from engine.attachment_intake import LaunchFailed
 from engine.errors import WorkflowInvalid
 from engine.sandbox.kubernetes.settings import KubernetesSettingsInvalid
-from publisher.errors import NatsUnavailable, PublishFailed
+from publisher.errors import ConsumerMismatch, NatsUnavailable, PublishFailed
 from store import Refusal, RunfleetError, StoreUnavailable
 from store.settings import SettingsInvalid
 
@@ -89,10 +89,14 @@ class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
         }
 
 
-USAGE: tuple[type[RunfleetError], ...] = (SettingsInvalid, KubernetesSettingsInvalid)
+USAGE: tuple[type[RunfleetError], ...] = (
+    SettingsInvalid,
+    KubernetesSettingsInvalid,
+    ConsumerMismatch,
+)
 """A setting that cannot be used: a `RUNFLEET_*` value (`store.settings`), or the kubernetes
 driver's settings judged together when it opens (an image required, a pod template that does
-not parse)."""
+not parse), or settings that contradict the fleet's consumer (`ConsumerMismatch`)."""
 
 
 def _meant(exc: RunfleetError) -> RunfleetError:

@@ -97,8 +97,8 @@ async def test_an_idle_runner_exits_0_on_sigterm_well_within_the_unwind_ceiling(
 @pytest.mark.parametrize(
     ("env", "contradiction"),
     [
-        ({"RUNFLEET_MAX_DELIVER": "5"}, "max_deliver 10 != 5"),
-        ({"RUNFLEET_ACK_WAIT": "9s"}, "ack_wait 3.5 != 9.0"),
+        ({"RUNFLEET_MAX_DELIVER": "5"}, "max_deliver 10 (RUNFLEET_MAX_DELIVER here: 5)"),
+        ({"RUNFLEET_ACK_WAIT": "9s"}, "ack_wait 3.5s (RUNFLEET_ACK_WAIT"),
     ],
     ids=["max_deliver", "ack_wait"],
 )
@@ -111,7 +111,7 @@ async def test_runner_whose_settings_contradict_the_consumer_refuses_to_start_wi
     finally:
         proc.kill()
     log = proc.log()
-    assert code != 0, log
+    assert code == 2, log  # a usage error (SPEC §10): only the settings can mend it
     assert "consumer_mismatch" in log and contradiction in log, log
-    assert "remedy: run `runfleet streams ensure`" in log
+    assert "`runfleet streams ensure` with the new values" in log
     assert "slots, http :" not in log  # it never started serving

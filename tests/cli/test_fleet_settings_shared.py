@@ -1,0 +1,85 @@
+"""A command in another shell acts with the settings `runfleet up` runs with (ADR-0019).
+
+Found by an operator walkthrough: with a fleet started with `RUNFLEET_MAX_DELIVER=3`, a plain
+`runfleet sweep` in another shell was `consumer_mismatch` (exit 1), and `runfleet streams
+ensure` — its remedy — rewrote the live consumer to the default 10, after which every runner
+`up` restarted refused to start, restarted by `up` in a tight loop whose view showed no reason.
+The session fleet runs with `RUNFLEET_MAX_DELIVER=2` and short leases (`FAST`), so a shell that
+sets only `RUNFLEET_DATA` is that other shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.cli.conftest import CLI_TIMEOUT_S, ROOT, RUNFLEET, Up, eventually, stop_cleanly
+
+
+def bare_shell(data: Path, **settings: str) -> dict[str, str]:
+    """Another shell: no RUNFLEET_* but the data dir (and what the test names)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
+    return {**env, "RUNFLEET_DATA": str(data), **settings}
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(RUNFLEET), *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
+def test_sweep_and_streams_ensure_in_another_shell_use_the_fleets_settings(fleet: Up) -> None:
+    shell = bare_shell(fleet.data)
+
+    swept = run(shell, "sweep", "--json")
+    ensured = run(shell, "streams", "ensure", "--json")
+
+    assert swept.returncode == 0, (swept.stdout, swept.stderr)
+    assert ensured.returncode == 0, (ensured.stdout, ensured.stderr)
+    report = json.loads(ensured.stdout)
+    assert report["updated"] == [] and report["changes"] == {}  # the live consumer kept
+    # What `up` shares: no secret, nothing of how the fleet is found.
+    shared = json.loads((fleet.data / "fleet-settings.json").read_text())["settings"]
+    assert shared["RUNFLEET_MAX_DELIVER"] == "2"
+    assert "RUNFLEET_DATA" not in shared and "RUNFLEET_NATS_URL" not in shared
+
+
+def test_a_runner_whose_settings_contradict_the_consumer_is_restarted_later_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    """An operator changes the consumer on purpose (their shell's value wins); the runner `up`
+    restarts then refuses (exit 2, a usage error), and `up` says why and waits between tries;
+    once the consumer is put back, the runner starts again."""
+    up = Up.start(tmp_path, runners=1)
+    try:
+        changed = run(bare_shell(up.data, RUNFLEET_MAX_DELIVER="5"), "streams", "ensure")
+        assert changed.returncode == 0, changed.stderr
+        assert "max_deliver 2 -> 5" in changed.stdout
+        assert "refuses to start again (consumer_mismatch)" in changed.stderr
+
+        (pid,) = up.runner_pids()
+        os.kill(pid, signal.SIGKILL)
+
+        def refused() -> str | None:
+            # `up`'s view (a status line every 10 s without a terminal) says why and when.
+            lines = [ln for ln in up.output().splitlines() if "[consumer_mismatch]" in ln]
+            return next((ln for ln in lines if "restart in" in ln), None)
+
+        line = eventually(refused, within=60, what="up's view showing the refusal")
+        assert "runner 0  not running: exit 2 [consumer_mismatch]" in line
+        assert "RUNFLEET_MAX_DELIVER here: 2" in line
+
+        put_back = run(bare_shell(up.data), "streams", "ensure")  # the fleet's own value
+        assert put_back.returncode == 0 and "max_deliver 5 -> 2" in put_back.stdout
+        eventually(lambda: len(up.ready_lines(0)) >= 2, within=90, what="the runner back")
+    finally:
+        stop_cleanly(up)
