@@ -302,7 +302,8 @@ async def sweep_cmd(as_json: bool) -> None:
 @command
 async def gc_cmd(older_than: timedelta, yes: bool, as_json: bool) -> None:
     """Delete settled runs (finished, failed, cancelled) not updated for D, with their events
-    and blobs; DLQ records and staged uploads older than D.
+    and blobs; DLQ records and staged uploads older than D. A DLQ record whose run still waits
+    on it (parked failed_resumable) is kept, whatever its age.
 
     \b
     Example:
@@ -311,18 +312,27 @@ async def gc_cmd(older_than: timedelta, yes: bool, as_json: bool) -> None:
     age = older_than
     async with open_env(create_store=False) as env:
         plan = await ops.plan_gc(env, age)
-        if plan.run_ids and not yes:
+        if (plan.run_ids or plan.dlq_ids) and not yes:
+            what = [f"{len(plan.run_ids)} run(s)"] if plan.run_ids else []
+            what += [f"{len(plan.dlq_ids)} DLQ record(s)"] if plan.dlq_ids else []
             confirm_or_refuse(
-                f"delete {len(plan.run_ids)} run(s) older than {format_duration(older_than)}?",
+                f"delete {' and '.join(what)} older than {format_duration(older_than)}?",
                 nothing_done="nothing deleted",
             )
         collected = await ops.collect_garbage(env, plan)
         if collected.dlq_error is not None:
             click.echo(f"DLQ not collected: {collected.dlq_error.message}", err=True)
+        if collected.dlq_kept and not as_json:
+            click.echo(
+                f"kept {collected.dlq_kept} DLQ record(s) as old whose runs still wait on them"
+                " (`runfleet dlq list`: replay or purge them)",
+                err=True,
+            )
     report = {
         "runs": collected.runs,
         "staged_uploads": collected.staged_uploads,
         "dlq_records": collected.dlq_records,
+        "dlq_records_kept": collected.dlq_kept,
     }
     if as_json:
         echo_json(report)

@@ -2,18 +2,24 @@
 garbage collection.
 
 Garbage collection comes in two steps, so whoever calls it can show what will go and ask first:
-`plan_gc` lists the settled runs not updated for the given age, `collect_garbage` deletes them
-(their events and blobs with them), the staged uploads and the DLQ records older than that.
+`plan_gc` lists the settled runs not updated for the given age and the DLQ records older than
+that whose run is gone or settled; `collect_garbage` deletes them (the runs' events and blobs
+with them) and the staged uploads as old. A record whose run still waits on it (parked
+`failed_resumable DLQ_PARKED`, its `run_dlq_parked` event naming it) is kept whatever its age:
+it is the run's way back (`dlq replay`), and deleting it left a parked run whose documented
+remedy named a record that no longer existed (found by an operator walkthrough).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from engine.scratch import sweep_orphan_banks
 from publisher.config import WireSettings
 from publisher.connection import connect
+from publisher.errors import RecordNotFound
 from publisher.nats_errors import nats_boundary
 from publisher.streams import EnsureReport, ensure_streams
 from publisher.wire import WireNames
@@ -82,8 +88,21 @@ async def plan_gc(env: Env, age: timedelta) -> GcPlan:
         )
         victims.extend(r.run_id for r in page.runs)
         if page.next_after is None:
-            return GcPlan(age, cutoff, tuple(victims))
+            break
         after = page.next_after
+    dlq_ids: list[int] = []
+    kept = 0
+    planned = set(victims)
+    try:
+        async with env.dlq() as dlq:
+            for record in await dlq.list(older_than=cutoff):
+                if await _record_garbage(env, record.run_id, planned=planned):
+                    dlq_ids.append(record.id)
+                else:
+                    kept += 1
+    except RunfleetError as exc:
+        return GcPlan(age, cutoff, tuple(victims), dlq_error=exc)
+    return GcPlan(age, cutoff, tuple(victims), tuple(dlq_ids), kept)
 
 
 async def collect_garbage(env: Env, plan: GcPlan) -> GcReport:
@@ -99,15 +118,37 @@ async def collect_garbage(env: Env, plan: GcPlan) -> GcReport:
     skew = env.engine.lease_timing().skew
     await sweep_orphan_banks(env.store, env.blobs, skew)  # SPEC §7.3: keys no record names
     uploads = await StagingStore(env.store, env.blobs).reap(plan.age, utcnow())
-    removed = 0
-    dlq_error: RunfleetError | None = None
+    removed, kept = 0, plan.dlq_kept
+    dlq_error = plan.dlq_error
+    if plan.dlq_ids:
+        try:
+            async with env.dlq() as dlq:
+                for record_id in plan.dlq_ids:
+                    try:
+                        record = await dlq.get(record_id)
+                    except RecordNotFound:
+                        continue  # replayed or purged since the plan
+                    if await _record_garbage(env, record.run_id):
+                        removed += int(await dlq.delete(record_id))
+                    else:
+                        kept += 1  # its run was resumed and parked again since the plan
+        except RunfleetError as exc:
+            dlq_error = exc
+    return GcReport(deleted, uploads, removed, dlq_error, kept)
+
+
+async def _record_garbage(env: Env, run_id: str | None, *, planned: Collection[str] = ()) -> bool:
+    """Whether an old DLQ record may go: it names no run (a malformed message), its run is
+    gone, or its run is settled (or about to be deleted with this plan)."""
+    if run_id is None or run_id in planned:
+        return True
     try:
-        async with env.dlq() as dlq:
-            for record in await dlq.list(older_than=plan.cutoff):
-                removed += int(await dlq.delete(record.id))
-    except RunfleetError as exc:
-        dlq_error = exc
-    return GcReport(deleted, uploads, removed, dlq_error)
+        run = await env.store.get_run(run_id)
+    except RunNotFound:
+        return True
+    except DocumentInvalid:
+        return False  # unreadable: not judged garbage on a guess
+    return run.status in SETTLED
 
 
 async def _still_garbage(env: Env, run_id: str, cutoff: datetime) -> bool:

@@ -57,11 +57,18 @@ class ReplayReport:
 
 @dataclass(frozen=True, slots=True)
 class GcPlan:
-    """What `collect_garbage` would delete: settled runs not updated since `cutoff`."""
+    """What `collect_garbage` would delete: settled runs not updated since `cutoff`, and the
+    DLQ records older than it whose run is gone or settled."""
 
     age: timedelta
     cutoff: datetime
     run_ids: tuple[str, ...]
+    dlq_ids: tuple[int, ...] = ()
+    dlq_kept: int = 0
+    """Records as old whose run still waits on them (`failed_resumable DLQ_PARKED`: the record
+    is its way back, `dlq replay`), kept."""
+    dlq_error: RunfleetError | None = None
+    """Why the DLQ was not read (NATS unreachable): no record is planned then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +78,8 @@ class GcReport:
     dlq_records: int
     dlq_error: RunfleetError | None = None
     """Why old DLQ records were not collected (NATS unreachable); the rest was."""
+    dlq_kept: int = 0
+    """Old records kept because their run still waits on them (`GcPlan.dlq_kept`)."""
 
 
 @dataclass(frozen=True, slots=True)

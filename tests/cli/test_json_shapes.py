@@ -122,7 +122,7 @@ def test_the_other_commands_print_one_json_document(fleet: Up) -> None:
     ensured = ok(fleet, "streams", "ensure")
     assert isinstance(ensured["created"], list) and isinstance(ensured["updated"], list)
     collected = ok(fleet, "gc", "--older-than", "3650d")
-    assert set(collected) == {"runs", "staged_uploads", "dlq_records"}
+    assert set(collected) == {"runs", "staged_uploads", "dlq_records", "dlq_records_kept"}
 
 
 def test_a_refusal_prints_the_error_object_and_exits_3(fleet: Up) -> None:

@@ -107,12 +107,36 @@ async def test_collect_garbage_spares_a_planned_run_that_was_resumed_before_the_
     assert await env.blobs.get_bytes(f"runs/{cancelled.run_id}/attachments/doc") == b"x"
 
 
+async def test_gc_keeps_an_old_dlq_record_whose_run_still_waits_on_it(
+    env: Env, dlq: DlqStore
+) -> None:
+    """Found by an operator walkthrough: `gc --older-than 30s` deleted the records of runs
+    still parked `failed_resumable DLQ_PARKED`, whose way back (`dlq replay ID`, named by their
+    `run_dlq_parked` event) then pointed at nothing. Kept; a settled or gone run's record
+    goes, and so does the record of a run this gc deletes."""
+    parked = await put_run(env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED")
+    settled = await put_run(env.store, status=RunStatus.FINISHED)
+    for seq, run in ((71, parked), (72, settled)):
+        await dlq.put(seq=seq, body=b"x", headers={}, reason="retries_exhausted", run_id=run.run_id)
+    gone = await dlq.put(seq=73, body=b"x", headers={}, reason="run_not_found", run_id="nope")
+    await _clock_past(gone.at)
+
+    plan = await ops.plan_gc(env, timedelta(0))
+    report = await ops.collect_garbage(env, plan)
+
+    assert (sorted(plan.dlq_ids), plan.dlq_kept) == ([72, 73], 1)
+    assert (report.runs, report.dlq_records, report.dlq_kept) == (1, 2, 1)
+    assert (await dlq.get(71)).run_id == parked.run_id
+    for seq in (72, 73):
+        with pytest.raises(RecordNotFound):
+            await dlq.get(seq)
+
+
 async def test_collect_garbage_with_nats_unreachable_still_collects_runs_and_says_why(
     env: Env,
 ) -> None:
     old = await put_run(env.store, status=RunStatus.CANCELLED)
     await _clock_past(old.updated_at)
-    plan = await ops.plan_gc(env, timedelta(0))
     unreachable = Env(
         env.settings,
         env.engine,
@@ -122,6 +146,7 @@ async def test_collect_garbage_with_nats_unreachable_still_collects_runs_and_say
         env.wire().model_copy(update={"nats_url": "nats://127.0.0.1:1"}),
     )
 
+    plan = await ops.plan_gc(unreachable, timedelta(0))
     report = await ops.collect_garbage(unreachable, plan)
 
     assert report.runs == 1
