@@ -130,9 +130,9 @@ async def _write_status(
     info = delivery.info
     try:
         if isinstance(outcome, Interrupted):  # a drain: RUNNER_INTERRUPTED, then hand off
-            doc = await writer.write_status(
-                settlement.status, failure_code=settlement.failure_code, error=settlement.error
-            )
+            # `run_failed {code, error}` rides with the status, as with every failure (SPEC
+            # §6.3): the history said `node_started` then `run_queued` with nothing between.
+            doc = await write_settlement(writer, events, settlement, outcome)
             if doc.status is RunStatus.CANCELLED:  # `run_cancelled` rode with it
                 return Plan("ack", reason="cancelled")
             return Plan("handoff", reason="drain")

@@ -64,6 +64,12 @@ async def test_sigterm_during_a_long_node_hands_off_as_a_new_attempt_and_a_secon
     assert "run_cancelled" not in types
     queued = [e.data for e in events if e.type == "run_queued"]
     assert queued == [{"attempt": 1, "kind": "launch"}, {"attempt": 2, "kind": "handoff"}]
+    # The failure is in the history before the handoff, as every failure is (SPEC §6.3;
+    # found by an operator walkthrough: `node_started` was followed by `run_queued` alone).
+    failed = [e for e in events if e.type == "run_failed"]
+    assert [e.data["code"] for e in failed] == ["RUNNER_INTERRUPTED"]
+    handed_off = max(i for i, t in enumerate(types) if t == "run_queued")
+    assert failed[0].attempt == 1 and types.index("run_failed") < handed_off
 
     # The old delivery was acked (gone); the handoff is a new message (attempt 2, kind handoff).
     try:
