@@ -214,11 +214,9 @@ async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_js
                 continue
             assert outcome.error is not None
             line = f"{outcome.record_id}: [{outcome.error.code}] {outcome.error.message}"
-            if outcome.error is report.stopped_by:
-                click.echo(f"failed   {line}")
+            click.echo(f"{'failed ' if outcome.error is report.stopped_by else 'refused'}  {line}")
+            if outcome.error.remedy:
                 click.echo(f"  remedy: {outcome.error.remedy}")
-            else:
-                click.echo(f"refused  {line}")
         if report.not_attempted:
             click.echo(f"not attempted: {', '.join(map(str, report.not_attempted))}")
     if report.stopped_by is not None:

@@ -15,6 +15,7 @@ from datetime import timedelta
 from publisher.dlq import DlqRecord
 from publisher.errors import RecordNotFound
 from runner import operations as ops
+from runner.console.errors import REFUSAL_STATUS, ApiError
 from runner.console.models import (
     MAX_SEQ,
     DlqDetail,
@@ -134,8 +135,28 @@ def _checked(selection: DlqSelection) -> DlqSelection:
 
 
 async def replay(call: Call) -> ReplayResponse:
+    """200 with one outcome per record when at least one was replayed (a refused record does
+    not stop the others; each outcome says which). When none was, the answer is the first
+    failure's own status — 409/404 for a refusal, 503 when NATS or the store went away — so a
+    caller that reads only the status never takes "nothing happened" for success (found by an
+    operator walkthrough: a single refused replay answered 200)."""
     ids = await selected_ids(call, _checked(call.parsed(DlqSelection)), purge=False)
     report = await ops.replay_records(call.env, ids)
+    failed = [o for o in report.outcomes if o.error is not None]
+    if failed and len(failed) == len(report.outcomes):
+        if report.stopped_by is not None:
+            raise report.stopped_by
+        first = failed[0].error
+        assert first is not None
+        listed = "; ".join(
+            f"{o.record_id}: [{o.error.code}] {o.error.message}" for o in failed if o.error
+        )
+        raise ApiError(
+            REFUSAL_STATUS.get(first.code, 400),
+            first.code,
+            f"no record was replayed: {listed}",
+            first.remedy,
+        )
     return ReplayResponse(
         outcomes=[
             ReplayOutcomeOut(
@@ -188,7 +209,7 @@ DLQ_ROUTES: tuple[Route, ...] = (
         ReplayResponse,
         DlqSelection,
         writes=True,
-        also=(404,),
+        also=(404, 409),
     ),
     Route(
         "POST",

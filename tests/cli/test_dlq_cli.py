@@ -121,6 +121,11 @@ def test_replaying_a_record_with_no_run_is_refused_with_exit_3(fleet: Up, poison
     assert outcome["replayed"] is False
     assert outcome["error"]["code"] == "record_not_replayable"
     assert poison in record_ids(fleet)  # refused: the record stays, to be purged
+    # For a person too: the code, the cause and the remedy (SPEC §10).
+    text = fleet.cli("dlq", "replay", str(poison))
+    assert text.returncode == 3
+    assert f"refused  {poison}: [record_not_replayable]" in text.stdout
+    assert "  remedy: " in text.stdout
 
 
 def test_a_replayed_record_finishes_its_run_through_the_queue_and_goes(

@@ -37,6 +37,22 @@ async def test_dlq_list_show_replay_and_purge_act_on_the_callers_records(api: Ap
     assert [r.id for r in await dlq.list()] == []
 
 
+async def test_a_replay_that_replays_nothing_answers_the_refusals_status_not_200(
+    api: Api,
+) -> None:
+    """Found by an operator walkthrough: a refused replay answered 200 with the refusal inside,
+    so a caller reading only the status took it for done (the CLI exits 3 for it)."""
+    bad = await poison(api.fleet.dlq, 31)
+
+    status, body, _ = await api.call("POST", "/api/v1/dlq/replay", json={"ids": [bad.id]})
+
+    assert status == 409, body
+    assert body["error"]["code"] == "record_not_replayable"
+    assert body["error"]["message"].startswith(f"no record was replayed: {bad.id}: ")
+    assert body["error"]["remedy"]
+    assert [r.id for r in await api.fleet.dlq.list()] == [bad.id]  # nothing was touched
+
+
 async def test_a_record_without_a_run_is_the_fleet_tenants_only(api: Api) -> None:
     bad = await poison(api.fleet.dlq, 21)
 
