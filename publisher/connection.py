@@ -19,7 +19,7 @@ import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from publisher.config import NatsSettings
+from publisher.config import NATS_URL_FILE, NatsSettings
 from publisher.errors import NatsUnavailable
 from store.url import redact
 
@@ -68,6 +68,16 @@ async def connect(
         await nc.connect(**options)  # type: ignore[arg-type]
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         where = ",".join(redact(u) for u in settings.nats_servers())
+        if settings.nats_url is None and not (settings.data / NATS_URL_FILE).is_file():
+            # Neither RUNFLEET_NATS_URL nor a fleet's `nats.url`: the fallback address was
+            # tried, and what the person needs to hear is that no fleet runs here.
+            data = settings.data.resolve()
+            raise NatsUnavailable(
+                f"no `runfleet up` fleet is running on {data} (no {NATS_URL_FILE} there), and"
+                f" nothing answers at the default {where}: {exc!r}",
+                remedy="start one (`runfleet up`, or `runfleet up --data DIR`), set"
+                " RUNFLEET_DATA to the directory a running `up` uses, or set RUNFLEET_NATS_URL",
+            ) from exc
         raise NatsUnavailable(f"cannot reach NATS at {where}: {exc!r}") from exc
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on, never give up
     return nc, nc.jetstream()

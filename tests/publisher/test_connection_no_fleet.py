@@ -1,0 +1,45 @@
+"""A command that finds no fleet says so (found by an operator walkthrough): with neither
+`RUNFLEET_NATS_URL` nor a `nats.url` under `RUNFLEET_DATA`, the default address is tried, and
+"cannot reach NATS at nats://127.0.0.1:4222" sent a person looking for a server they never
+started. The fallback address is replaced by a port where nothing listens, so no NATS this
+machine happens to run on 4222 can answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from publisher.config import NATS_URL_FILE, NatsSettings
+from publisher.connection import connect
+from publisher.errors import NatsUnavailable
+
+NOTHING_THERE = "nats://127.0.0.1:1"
+
+
+def resolved(path: Path) -> Path:
+    return path.resolve()
+
+
+async def test_no_fleet_in_the_data_dir_is_said_with_how_to_start_or_find_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(NatsSettings, "nats_servers", lambda self: [NOTHING_THERE])
+
+    with pytest.raises(NatsUnavailable) as caught:
+        await connect(NatsSettings(data=tmp_path, nats_url=None))
+
+    assert caught.value.message.startswith(
+        f"no `runfleet up` fleet is running on {resolved(tmp_path)} (no nats.url there)"
+    )
+    assert "runfleet up" in (caught.value.remedy or "")
+    assert "RUNFLEET_DATA" in (caught.value.remedy or "")
+
+
+async def test_a_fleets_address_that_does_not_answer_is_named_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / NATS_URL_FILE).write_text(NOTHING_THERE + "\n")  # a fleet that was killed
+    with pytest.raises(NatsUnavailable) as caught:
+        await connect(NatsSettings(data=tmp_path, nats_url=None))
+    assert caught.value.message.startswith(f"cannot reach NATS at {NOTHING_THERE}")
