@@ -15,7 +15,7 @@ from datetime import timedelta
 from publisher.dlq import DlqRecord
 from publisher.errors import RecordNotFound
 from runner import operations as ops
-from runner.console.errors import REFUSAL_STATUS, ApiError
+from runner.console.errors import REFUSAL_STATUS, ApiError, http_remedy
 from runner.console.models import (
     MAX_SEQ,
     DlqDetail,
@@ -155,7 +155,7 @@ async def replay(call: Call) -> ReplayResponse:
             REFUSAL_STATUS.get(first.code, 400),
             first.code,
             f"no record was replayed: {listed}",
-            first.remedy,
+            http_remedy(first.remedy),
         )
     return ReplayResponse(
         outcomes=[

@@ -72,7 +72,8 @@ class ApiError(Exception):
 
 GENERIC_REMEDY = "correct the request as the message says (the API is described at /openapi.json)"
 DEFAULT_REMEDY: dict[int, str] = {
-    401: "send `Authorization: Bearer TOKEN` with a token from RUNFLEET_API_TOKENS",
+    401: "send `Authorization: Bearer TOKEN` with a token from RUNFLEET_API_TOKENS (or the"
+    " RUNFLEET_CONSOLE_TOKEN the fleet was started with)",
     403: "use a token whose role is `operate` for this call",
     404: "check the path against /openapi.json",
     405: "check the method against /openapi.json",
@@ -97,6 +98,31 @@ def error_json(
     return web.json_response({"error": body}, status=status, headers=headers, dumps=_dumps)
 
 
+HTTP_WORDS: tuple[tuple[str, str], ...] = (
+    ("--answer NAME=VALUE or --answers-file FILE", '`"answers": {"NAME": VALUE}` in the body'),
+    ("pass --var name=value", 'send `"vars": {"name": value}`'),
+    ("--accept-scratch-loss", '`"accept_scratch_loss": true`'),
+    ("omit --file", 'omit `"workflow"`'),
+    ("--force", '`"force": true`'),
+    ("`runfleet status RUN`", "`GET /api/v1/runs/RUN`"),
+    ("`runfleet events RUN --follow`", "`GET /api/v1/runs/RUN/events/stream`"),
+    ("`runfleet cancel RUN`", "`POST /api/v1/runs/RUN/cancel`"),
+    ("`runfleet rewind RUN --node NODE`", "`POST /api/v1/runs/RUN/rewind`"),
+    ("`runfleet launch FILE`", "`POST /api/v1/runs`"),
+)
+"""A refusal's remedy is written for the CLI, where most refusals are met; an HTTP caller
+is told the body field or route that does the same (found by an operator walkthrough:
+`answers_required` told an API client to pass `--answer`)."""
+
+
+def http_remedy(remedy: str | None) -> str | None:
+    if remedy is None:
+        return None
+    for cli, http in HTTP_WORDS:
+        remedy = remedy.replace(cli, http)
+    return remedy
+
+
 def response_for(exc: RunfleetError | ApiError) -> web.Response:
     if isinstance(exc, ApiError):
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
@@ -106,7 +132,10 @@ def response_for(exc: RunfleetError | ApiError) -> web.Response:
         return error_json(status, exc.to_dict(), {"Retry-After": str(RETRY_AFTER_S)})
     if status == 500:
         return error_json(status, {"code": exc.code, "message": exc.message})
-    return error_json(status, exc.to_dict())
+    body = exc.to_dict()
+    if isinstance(body.get("remedy"), str):
+        body["remedy"] = http_remedy(str(body["remedy"]))
+    return error_json(status, body)
 
 
 def _dumps(value: Any) -> str:

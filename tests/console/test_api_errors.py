@@ -190,3 +190,31 @@ async def test_a_last_event_id_that_is_not_ascii_digits_reads_as_absent(api: Api
         text = await resp.text()
         assert resp.status == 200, (last_id[:10], text[:300])
         assert text.startswith("event: end"), text[:300]
+
+
+def test_no_refusal_remedy_names_a_cli_flag_or_command_the_http_words_do_not_translate() -> None:
+    """Every CLI phrase a refusal's remedy uses reaches an HTTP caller translated; a new remedy
+    naming a flag or a `runfleet` command without an HTTP equivalent fails here."""
+    import re
+
+    from runner.console.errors import http_remedy
+
+    cli_only = {"not_confirmed", "fleet_already_running"}  # never an API answer
+    untranslated = {}
+    for code, cls in refusal_codes().items():
+        if code in cli_only:
+            continue
+        remedy = http_remedy(cls.remedy) if isinstance(cls.remedy, str) else None
+        if remedy and re.search(
+            r"(?<![\w-])--[a-z]|`runfleet (resume|status|events|cancel|rewind)", remedy
+        ):
+            untranslated[code] = remedy
+    # The remedies built per case: a run refused for its status, a scratch that cannot follow.
+    from engine.refusals import NEXT_STEP, ScratchNotPortable
+
+    built = [*NEXT_STEP.values(), ScratchNotPortable("r", "why", also_needs_force=True).remedy]
+    for remedy in built:
+        shown = http_remedy(remedy) or ""
+        if re.search(r"(?<![\w-])--[a-z]|`runfleet (resume|status|events|cancel|rewind)", shown):
+            untranslated[remedy] = shown
+    assert not untranslated, untranslated

@@ -138,6 +138,8 @@ async def test_resume_without_answers_is_422_and_with_them_resumes(api: Api) -> 
 
     status, body, _ = await api.call("POST", path, json={}, template=RUN + "/resume")
     assert status == 422 and body["error"]["code"] == "answers_required"
+    # The remedy speaks HTTP, not the CLI's flags (found by an operator walkthrough).
+    assert '"answers"' in body["error"]["remedy"] and "--answer" not in body["error"]["remedy"]
     status, body, _ = await api.call(
         "POST", path, json={"answers": {"approved": True}}, template=RUN + "/resume"
     )
