@@ -262,7 +262,11 @@ async def status_cmd(run_id: str, as_json: bool) -> None:
     async with open_env(create_store=False) as env:
         doc = await ops.get_run(env, run_id)
         retry = await waiting_retry(env, doc)
-    echo_json(run_view(doc, retry)) if as_json else echo_run(doc, retry)
+        parked = await ops.parked_record_id(env, doc)
+    if as_json:
+        echo_json({**run_view(doc, retry), "dlq_record": parked})
+    else:
+        echo_run(doc, retry, dlq_record=parked)
 
 
 @click.command("runs")

@@ -83,16 +83,35 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str))
 
 
+FAILING = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.PAUSED_OPERATOR})
+"""The statuses a failure code describes; on any other (a parked run cancelled, a failed run
+resumed and queued) the code is the run's past, and is said so."""
+
+
 def echo_run(
-    doc: RunDocument, retry: RetryWait | None = None, *, just_queued: bool = False
+    doc: RunDocument,
+    retry: RetryWait | None = None,
+    *,
+    just_queued: bool = False,
+    dlq_record: int | None = None,
 ) -> None:
+    """`dlq_record`: the record a `DLQ_PARKED` run waits on (`operations.parked_record_id`)."""
     v = run_view(doc, retry, just_queued=just_queued)
     click.echo(f"run       {v['run_id']}")
     click.echo(f"workflow  {v['workflow']['name']}  (attempt {v['attempt']}, {v['origin']})")
     said = ", cancel requested" if doc.cancel_requested and doc.status is RunStatus.RUNNING else ""
     click.echo(f"status    {v['status']}{said}" + (f", {retry.describe()}" if retry else ""))
     if v["failure_code"]:
-        click.echo(f"failure   {v['failure_code']}: {v['error']}")
+        cause = f" (cause {doc.cause_code})" if doc.cause_code else ""
+        if doc.status in FAILING:
+            click.echo(f"failure   {v['failure_code']}{cause}: {v['error']}")
+        else:
+            click.echo(f"earlier   {v['failure_code']}{cause}: {v['error']} (now {doc.status})")
+    if dlq_record is not None:
+        click.echo(
+            f"next      `runfleet dlq replay {dlq_record}` (record {dlq_record}) sends its message"
+            f" again, or `runfleet resume {doc.run_id}`; fix the cause first"
+        )
     if v["restart_node"]:
         click.echo(f"at node   {v['restart_node']}")
     if v["prompt"]:

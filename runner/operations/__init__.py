@@ -9,12 +9,14 @@ Printing, prompting and flag parsing belong to the caller.
 
     runs   launch, run_local, get_run, list_runs, event_batches, timeline_batches, resume,
            resume_local, cancel, rewind
-    dlq    list_records, select_records, show_record, replay_records, purge_records
+    dlq    list_records, select_records, show_record, replay_records, purge_records,
+           parked_record_id
     fleet  ensure_wire, sweep, plan_gc, collect_garbage
 """
 
 from runner.operations.dlq import (
     list_records,
+    parked_record_id,
     purge_records,
     replay_records,
     select_records,
@@ -67,6 +69,7 @@ __all__ = [
     "list_records",
     "list_runs",
     "open_env",
+    "parked_record_id",
     "plan_gc",
     "purge_records",
     "replay_records",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
+from engine.failures import FailureCode
 from publisher.dlq import DlqRecord, DlqStore
 from publisher.errors import MalformedMessage, UnsupportedSchema
 from publisher.nats_errors import nats_boundary
@@ -20,8 +21,9 @@ from publisher.wire import RunMessage, decode
 from runner.operations.env import Env
 from runner.operations.errors import is_unreachable
 from runner.operations.models import RecordDetail, ReplayOutcome, ReplayReport
-from store import RunDocument, RunfleetError, RunNotFound, utcnow
+from store import RunDocument, RunfleetError, RunNotFound, RunStatus, utcnow
 
+_EVENTS_PAGE = 10_000
 DLQ_REASONS: tuple[str, ...] = (
     "attempt_ahead",
     "internal_error",
@@ -124,3 +126,22 @@ async def purge_records(env: Env, ids: Sequence[int]) -> list[int]:
     """Remove records for good; returns the ids that were there to remove."""
     async with env.dlq() as dlq:
         return [record_id for record_id in ids if await dlq.delete(record_id)]
+
+
+async def parked_record_id(env: Env, run: RunDocument) -> int | None:
+    """The DLQ record a run parked `DLQ_PARKED` waits on: its `run_dlq_parked` event at the
+    run's attempt names it (SPEC §6.3). What `status` shows, so the way back (`dlq replay ID`)
+    is on the screen that says the run is parked."""
+    if run.status is not RunStatus.FAILED_RESUMABLE or run.failure_code != FailureCode.DLQ_PARKED:
+        return None
+    found: int | None = None
+    after = 0
+    while True:
+        events = await env.store.read_events(run.run_id, after_seq=after, limit=_EVENTS_PAGE)
+        for event in events:
+            record_id = event.data.get("record_id")
+            if event.type == "run_dlq_parked" and event.attempt == run.attempt:
+                found = record_id if isinstance(record_id, int) else found
+        if len(events) < _EVENTS_PAGE:
+            return found
+        after = events[-1].seq

@@ -132,6 +132,12 @@ def test_a_replayed_record_finishes_its_run_through_the_queue_and_goes(
     fleet: Up, workdir: Path
 ) -> None:
     (parked,) = park(fleet, workdir, 1)
+    # `status` puts the way back on the screen that says the run is parked (found by an
+    # operator walkthrough: no cause, no record id, no next step).
+    assert fleet.ok("status", parked.run_id)["dlq_record"] == parked.record_id
+    shown = fleet.cli("status", parked.run_id).stdout
+    assert "failure   DLQ_PARKED (cause TOOL_FAILED_TRANSIENT): " in shown
+    assert f"`runfleet dlq replay {parked.record_id}`" in shown
     parked.fix.touch()  # the operator fixes the cause
 
     replayed = fleet.ok("dlq", "replay", str(parked.record_id))
