@@ -12,13 +12,14 @@ publish, nor replays a record twice.
 
 from __future__ import annotations
 
+import contextlib
 from enum import StrEnum
 from typing import Literal, Protocol
 
 from nats.js.api import PubAck
 
 from engine.resume import ResumeRequest
-from publisher.dlq import DlqStore
+from publisher.dlq import DlqRecord, DlqStore
 from publisher.errors import PublishFailed, RecordNotReplayable, StaleRecord
 from publisher.wire import MessageKind, ResumeCopy
 from store import RunDocument, RunNotFound, RunStatus, RunStore
@@ -107,39 +108,58 @@ class ReplayPublisher(Protocol):
         ...
 
 
-async def replay_record(pub: ReplayPublisher, record_id: int, *, tenant: str) -> RunDocument:
-    """Replay one record; refusals (`record_not_found`, `record_not_replayable`,
-    `stale_record`, the resume refusals) and a failed publish leave the record in place."""
-    assert pub.dlq is not None, "replay needs a DLQ store"
-    record = await pub.dlq.get(record_id)
+def replay_refusal(
+    record: DlqRecord, run: RunDocument | None
+) -> RecordNotReplayable | StaleRecord | None:
+    """Why a replay of `record` would be refused, judged on its run as read (None when the
+    record names none or it is gone); None when the replay would go ahead as far as the record
+    is concerned (the resume's own refusals come after). What `replay_record` raises, and what
+    `dlq show` says before anyone tries (found by an operator walkthrough: it said
+    "replayable yes" for a record whose replay was then refused `stale_record`)."""
+    record_id = record.id
     if not record.replayable or record.run_id is None:
-        raise RecordNotReplayable(f"DLQ record {record_id} has no run to resume")
-    try:
-        run = await pub.get_run(record.run_id, tenant)
-    except RunNotFound:
+        return RecordNotReplayable(f"DLQ record {record_id} has no run to resume")
+    if run is None:
         # Its run was collected (or is not this tenant's): nothing to resume, and the remedy
         # is the record's own — purge it — not "check the run id".
-        raise RecordNotReplayable(
+        return RecordNotReplayable(
             f"DLQ record {record_id}: its run {record.run_id} is not in the store"
-        ) from None
+        )
     stage = replay_stage(run, record_id)
     if stage is ReplayStage.OVERTAKEN:
-        raise StaleRecord(
+        return StaleRecord(
             f"DLQ record {record_id}: its replay (attempt {run.attempt}) was never published, and"
             f" run {run.run_id} is {run.status} since"
         )
     if stage is ReplayStage.FRESH and run.status is RunStatus.CANCELLED:
         # The operator's cancel came after the record: a replay (`dlq replay --all` above all)
         # must not undo it; `runfleet resume` still can, on purpose (found by review).
-        raise StaleRecord(
+        return StaleRecord(
             f"DLQ record {record_id}: run {run.run_id} was cancelled since; resume the run"
             " itself if it should run again"
         )
     if stage is ReplayStage.FRESH and record.attempt != run.attempt:
-        raise StaleRecord(
+        return StaleRecord(
             f"DLQ record {record_id} is for attempt {record.attempt}; run {run.run_id} is"
             f" at attempt {run.attempt}"
         )
+    return None
+
+
+async def replay_record(pub: ReplayPublisher, record_id: int, *, tenant: str) -> RunDocument:
+    """Replay one record; refusals (`record_not_found`, `record_not_replayable`,
+    `stale_record`, the resume refusals) and a failed publish leave the record in place."""
+    assert pub.dlq is not None, "replay needs a DLQ store"
+    record = await pub.dlq.get(record_id)
+    run: RunDocument | None = None
+    if record.replayable and record.run_id is not None:
+        with contextlib.suppress(RunNotFound):
+            run = await pub.get_run(record.run_id, tenant)
+    refusal = replay_refusal(record, run)
+    if refusal is not None:
+        raise refusal
+    assert run is not None
+    stage = replay_stage(run, record_id)
     if stage in (ReplayStage.FRESH, ReplayStage.FLIPPED_BACK):
         doc = await pub.resume(
             run.run_id, ResumeRequest(), tenant=tenant, kind="replay", dlq_record=record_id

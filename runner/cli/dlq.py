@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from publisher import DlqRecord
+from publisher.replay import replay_refusal
 from runner import operations as ops
 from runner.cli.errors import EXIT_REFUSED, EXIT_UNREACHABLE
 from runner.cli.options import DURATION
@@ -45,7 +46,14 @@ def detail_view(detail: RecordDetail) -> dict[str, Any]:
         }
     elif detail.run_missing:
         run_status = {"status": "not_found"}
-    return {**record_view(detail.record), "body": decoded, "run": run_status}
+    refusal = replay_refusal(detail.record, detail.run)
+    return {
+        **record_view(detail.record),
+        "body": decoded,
+        "run": run_status,
+        # Whether a replay would go ahead now, judged as `dlq replay` judges it.
+        "replay_refusal": None if refusal is None else refusal.to_dict(),
+    }
 
 
 def detail_lines(view: dict[str, Any]) -> list[str]:
@@ -63,7 +71,7 @@ def detail_lines(view: dict[str, Any]) -> list[str]:
         ("run now", run_now if view.get("run_id") else "-"),
         ("delivered", f"{view['num_delivered']} time(s), last by {view.get('runner') or '-'}"),
         ("at", f"{view['at']}  ({_age(view['age_s'])} ago)"),
-        ("replayable", "yes" if view.get("replayable", True) else "no (purge it)"),
+        ("replayable", _replayable(view)),
     ]
     body = view.get("body") or {}
     if "undecodable" in body:
@@ -73,6 +81,13 @@ def detail_lines(view: dict[str, Any]) -> list[str]:
     rows.extend((f"header {k}", v) for k, v in sorted((view.get("headers") or {}).items()))
     width = max(len(k) for k, _ in rows)
     return [f"{k:<{width}}  {v}" for k, v in rows]
+
+
+def _replayable(view: dict[str, Any]) -> str:
+    refusal = view.get("replay_refusal")
+    if not refusal:
+        return "yes"
+    return f"no: [{refusal['code']}] {refusal['message']} ({refusal.get('remedy') or 'purge it'})"
 
 
 def _age(seconds: float) -> str:

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from publisher.dlq import DlqRecord
 from publisher.errors import RecordNotFound
+from publisher.replay import replay_refusal
 from runner import operations as ops
 from runner.console.errors import REFUSAL_STATUS, ApiError, http_remedy
 from runner.console.models import (
@@ -120,6 +121,7 @@ async def show_record(call: Call) -> DlqDetail:
         message=detail.message.model_dump(mode="json") if detail.message is not None else None,
         undecodable=detail.undecodable,
         run=RunOut.of(run) if run is not None else None,
+        replay_refusal=_error(replay_refusal(detail.record, run)),
     )
 
 

@@ -240,6 +240,10 @@ class DlqDetail(BaseModel):
     message: dict[str, Any] | None = Field(description="the decoded run message, when it decodes")
     undecodable: str | None = Field(description="why the body does not decode, when it does not")
     run: RunOut | None
+    replay_refusal: ErrorDetail | None = Field(
+        default=None,
+        description="why a replay would be refused now (`stale_record`, `record_not_replayable`)",
+    )
 
 
 class DlqSelection(_Request):

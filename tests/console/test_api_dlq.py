@@ -53,6 +53,31 @@ async def test_a_replay_that_replays_nothing_answers_the_refusals_status_not_200
     assert [r.id for r in await api.fleet.dlq.list()] == [bad.id]  # nothing was touched
 
 
+async def test_show_says_a_replay_would_be_refused_before_anyone_tries_it(api: Api) -> None:
+    """Found by an operator walkthrough: `dlq show` said "replayable yes" for a record whose
+    run had moved on, and the replay was then refused `stale_record`. Show judges it the way
+    replay does (`publisher.replay.replay_refusal`), here and in the CLI."""
+    from runner.cli.dlq import detail_lines, detail_view
+    from runner.operations import show_record
+
+    dlq: DlqStore = api.fleet.dlq
+    run = await parked(api.env)
+    current = await record_for(dlq, run, 41)
+    stale = await record_for(dlq, run.model_copy(update={"attempt": 1}), 42)
+    template = "/api/v1/dlq/{record_id}"
+
+    _, fine, _ = await api.call("GET", f"/api/v1/dlq/{current.id}", template=template)
+    _, old, _ = await api.call("GET", f"/api/v1/dlq/{stale.id}", template=template)
+    status, refused, _ = await api.call("POST", "/api/v1/dlq/replay", json={"ids": [stale.id]})
+
+    assert fine["replay_refusal"] is None
+    assert old["replay_refusal"]["code"] == "stale_record" == refused["error"]["code"]
+    assert status == 409
+    lines = detail_lines(detail_view(await show_record(api.env, stale.id)))
+    (said,) = [ln for ln in lines if ln.startswith("replayable")]
+    assert "no: [stale_record] DLQ record 42 is for attempt 1" in said
+
+
 async def test_a_record_without_a_run_is_the_fleet_tenants_only(api: Api) -> None:
     bad = await poison(api.fleet.dlq, 21)
 

@@ -140,7 +140,7 @@ async def test_cli_streams_ensure_is_idempotent(
     assert (
         len(first.json()["created"]) == 6
     )  # runs, its consumer, advisories, backstop, DLQ, deliveries
-    assert second.json() == {"created": [], "updated": []}
+    assert second.json() == {"created": [], "updated": [], "changes": {}}
 
 
 async def test_cli_launch_with_nats_unreachable_exits_4(names: WireNames, tmp_path: Path):
