@@ -12,8 +12,12 @@ remedy named a record that no longer existed (found by an operator walkthrough).
 
 from __future__ import annotations
 
+import asyncio
+import re
+import shutil
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.scratch import sweep_orphan_banks
@@ -115,6 +119,7 @@ async def collect_garbage(env: Env, plan: GcPlan) -> GcReport:
         for blob in await env.blobs.list(f"runs/{run_id}/"):
             await env.blobs.delete(blob.key)
         deleted += int(await env.store.delete_run(run_id))
+        await asyncio.to_thread(_remove_host_dirs, env.data_dir, run_id)
     skew = env.engine.lease_timing().skew
     await sweep_orphan_banks(env.store, env.blobs, skew)  # SPEC §7.3: keys no record names
     uploads = await StagingStore(env.store, env.blobs).reap(plan.age, utcnow())
@@ -135,6 +140,22 @@ async def collect_garbage(env: Env, plan: GcPlan) -> GcReport:
         except RunfleetError as exc:
             dlq_error = exc
     return GcReport(deleted, uploads, removed, dlq_error, kept)
+
+
+HOST_DIRS = ("work", "scratch", "sandboxes", "attachments")
+"""What executions on this host keep per run under `RUNFLEET_DATA` (`engine.execution`, the
+local driver's records): left behind by every run, and by a SIGKILLed runner's workspace
+(found by an operator walkthrough: they piled up for runs `gc` had deleted)."""
+_SAFE_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _remove_host_dirs(data_dir: Path, run_id: str) -> None:
+    """A deleted run's directories on this host. No execution of it can be live: `gc` deletes
+    only settled runs not updated for its age. An id that is not one path segment is left."""
+    if not _SAFE_SEGMENT.fullmatch(run_id) or ".." in run_id:
+        return
+    for name in HOST_DIRS:
+        shutil.rmtree(data_dir / name / run_id, ignore_errors=True)
 
 
 async def _record_garbage(env: Env, run_id: str | None, *, planned: Collection[str] = ()) -> bool:

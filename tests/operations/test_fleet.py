@@ -63,6 +63,10 @@ async def test_plan_then_collect_garbage_deletes_settled_runs_their_blobs_and_ol
     old = await put_run(env.store, status=RunStatus.FINISHED)
     live = await put_run(env.store, status=RunStatus.PAUSED_OPERATOR)
     await env.blobs.put_bytes(f"runs/{old.run_id}/outputs/greet/1", b"x")
+    # What executions on this host left per run (a SIGKILLed runner's workspace among them).
+    for run in (old, live):
+        for name in ("work", "scratch", "sandboxes", "attachments"):
+            (env.data_dir / name / run.run_id / "left").mkdir(parents=True)
     record = await dlq.put(seq=61, body=b"x", headers={}, reason="malformed", replayable=False)
     await _clock_past(max(old.updated_at, record.at))  # "older than 0" is strictly before now
 
@@ -80,6 +84,9 @@ async def test_plan_then_collect_garbage_deletes_settled_runs_their_blobs_and_ol
     with pytest.raises(RecordNotFound):
         await dlq.get(61)
     assert (await env.store.get_run(live.run_id)).status is RunStatus.PAUSED_OPERATOR
+    for name in ("work", "scratch", "sandboxes", "attachments"):
+        assert not (env.data_dir / name / old.run_id).exists(), name
+        assert (env.data_dir / name / live.run_id / "left").is_dir(), name
 
 
 async def test_collect_garbage_spares_a_planned_run_that_was_resumed_before_the_deletion(
