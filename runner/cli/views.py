@@ -109,8 +109,12 @@ def echo_run(
             click.echo(f"earlier   {v['failure_code']}{cause}: {v['error']} (now {doc.status})")
     if dlq_record is not None:
         click.echo(
-            f"next      `runfleet dlq replay {dlq_record}` (record {dlq_record}) sends its message"
-            f" again, or `runfleet resume {doc.run_id}`; fix the cause first"
+            f"next      fix the cause, then `runfleet dlq replay {dlq_record}` (its DLQ record)"
+            f" or `runfleet resume {doc.run_id}` (the record then stays, to purge)"
+        )
+    elif doc.status is RunStatus.FAILED_RESUMABLE and doc.failure_code == "DLQ_PARKED":
+        click.echo(
+            f"next      fix the cause, then `runfleet resume {doc.run_id}` (no DLQ record left)"
         )
     if v["restart_node"]:
         click.echo(f"at node   {v['restart_node']}")

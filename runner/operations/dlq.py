@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from engine.failures import FailureCode
 from publisher.dlq import DlqRecord, DlqStore
-from publisher.errors import MalformedMessage, UnsupportedSchema
+from publisher.errors import MalformedMessage, RecordNotFound, UnsupportedSchema
 from publisher.nats_errors import nats_boundary
 from publisher.wire import RunMessage, decode
 from runner.operations.env import Env
@@ -130,8 +130,9 @@ async def purge_records(env: Env, ids: Sequence[int]) -> list[int]:
 
 async def parked_record_id(env: Env, run: RunDocument) -> int | None:
     """The DLQ record a run parked `DLQ_PARKED` waits on: its `run_dlq_parked` event at the
-    run's attempt names it (SPEC §6.3). What `status` shows, so the way back (`dlq replay ID`)
-    is on the screen that says the run is parked."""
+    run's attempt names it (SPEC §6.3); None when there is none, or it was purged since. What
+    `status` shows, so the way back (`dlq replay ID`) is on the screen that says the run is
+    parked."""
     if run.status is not RunStatus.FAILED_RESUMABLE or run.failure_code != FailureCode.DLQ_PARKED:
         return None
     found: int | None = None
@@ -143,5 +144,17 @@ async def parked_record_id(env: Env, run: RunDocument) -> int | None:
             if event.type == "run_dlq_parked" and event.attempt == run.attempt:
                 found = record_id if isinstance(record_id, int) else found
         if len(events) < _EVENTS_PAGE:
-            return found
+            break
         after = events[-1].seq
+    if found is None:
+        return None
+    try:
+        async with env.dlq() as dlq:
+            await dlq.get(found)
+    except RecordNotFound:
+        return None  # purged (or replayed) since: the way back is `resume`
+    except RunfleetError as exc:
+        if not is_unreachable(exc):
+            raise
+        # NATS is not there: `status` still shows the run, with the id its event names.
+    return found

@@ -170,7 +170,12 @@ def test_purge_removes_only_the_records_it_names(fleet: Up, workdir: Path) -> No
         assert first.record_id not in left
         assert second.record_id in left
         # Purging a record leaves its run parked: nothing else is touched.
-        assert fleet.status(first.run_id)["failure_code"] == "DLQ_PARKED"
+        shown = fleet.status(first.run_id)
+        assert (shown["failure_code"], shown["dlq_record"]) == ("DLQ_PARKED", None)
+        assert fleet.status(second.run_id)["dlq_record"] == second.record_id
+        # `status` no longer offers the purged record as the way back (found by review).
+        text = fleet.cli("status", first.run_id).stdout
+        assert "dlq replay" not in text and "(no DLQ record left)" in text
     finally:
         purge(fleet, *(record_ids(fleet) & {first.record_id, second.record_id}))
 
