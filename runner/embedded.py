@@ -28,7 +28,7 @@ from nats.js.errors import NotFoundError
 
 from publisher.config import NATS_URL_FILE, WireSettings
 from publisher.connection import connect
-from publisher.streams import ensure_streams
+from publisher.streams import EnsureReport, ensure_streams
 from publisher.wire import WireNames
 from runner import fleet_settings
 from runner.localcluster import NatsCluster
@@ -187,6 +187,10 @@ class EmbeddedFleet:
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self.names = WireNames()
+        self.ensured: EnsureReport | None = None
+        """What starting changed on the streams (a setting given to this `up` that differs
+        from what the streams were made with): said at start, since runners started with the
+        old values elsewhere will refuse to start again."""
 
     # -- start -------------------------------------------------------------------------------
 
@@ -213,7 +217,7 @@ class EmbeddedFleet:
         wire = WireSettings(data=self.data, nats_url=self.nats_url, stream_replicas=replicas)
         self._nc, self._js = await connect(wire, name="runfleet-up")
         self.names = WireNames(wire.namespace)
-        await ensure_streams(self._js, self.names, wire)
+        self.ensured = await ensure_streams(self._js, self.names, wire)
         for i in range(self.count):
             rp = RunnerProcess(i, self.data / "logs" / f"runner-{i}.log")
             self.procs.append(rp)

@@ -71,7 +71,7 @@ async def streams_ensure_cmd(as_json: bool) -> None:
 )
 @click.option("--slots", type=click.IntRange(1, 10_000), help="per runner [RUNFLEET_SLOTS, 8]")
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), help="RUNFLEET_DATA")
-@click.option("--no-view", is_flag=True, help="no live view (a status line every 10 s)")
+@click.option("--no-view", is_flag=True, help="no live view (the fleet's status every 10 s)")
 @click.option(
     "--nats-cluster",
     type=click.IntRange(1, 5),
@@ -164,6 +164,8 @@ async def _run_fleet(
             loop.add_signal_handler(sig, fleet.request_stop)
         try:
             await fleet.start()
+            for name, changes in (fleet.ensured.changes if fleet.ensured else {}).items():
+                click.echo(f"runfleet up: updated {name}: {', '.join(changes)}", err=True)
             # Other commands find the fleet through RUNFLEET_DATA (default ./.runfleet, relative
             # to where they run): a shell elsewhere, or after `--data`, needs it said.
             here = env.data_dir.resolve() == (Path.cwd() / ".runfleet").resolve()

@@ -15,6 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from publisher.config import WireSettings
 from tests.cli.conftest import CLI_TIMEOUT_S, ROOT, RUNFLEET, Up, eventually, stop_cleanly
 
 
@@ -83,3 +84,16 @@ def test_a_runner_whose_settings_contradict_the_consumer_is_restarted_later_with
         eventually(lambda: len(up.ready_lines(0)) >= 2, within=90, what="the runner back")
     finally:
         stop_cleanly(up)
+
+    # An `up` started again with another value changes the consumer too, and says so.
+    again = Up.start(
+        tmp_path,
+        runners=1,
+        extra={"RUNFLEET_MAX_DELIVER": "3"},
+        expect=[(WireSettings, "max_deliver", 3)],
+    )
+    try:
+        said = "runfleet up: updated RUNFLEET_RUNS/runfleet-runners: max_deliver 2 -> 3"
+        assert said in again.output()
+    finally:
+        stop_cleanly(again)
