@@ -56,6 +56,10 @@ def detail_view(detail: RecordDetail) -> dict[str, Any]:
     }
 
 
+BODY_PREVIEW = 120
+"""Bytes of an undecodable body `dlq show` prints, escaped (`--json` has the first 4 KiB)."""
+
+
 def detail_lines(view: dict[str, Any]) -> list[str]:
     """`dlq show` for a person: the record as a two-column table, then the decoded body."""
     run = view.get("run") or {}
@@ -76,6 +80,11 @@ def detail_lines(view: dict[str, Any]) -> list[str]:
     body = view.get("body") or {}
     if "undecodable" in body:
         rows.append(("body", f"undecodable: {body['undecodable']}"))
+        raw = base64.b64decode(body.get("raw_b64") or "")
+        shown = raw[:BODY_PREVIEW].decode("utf-8", errors="backslashreplace")
+        more = " …" if len(raw) > BODY_PREVIEW else ""
+        printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
+        rows.append(("body bytes", printable + more))
     else:
         rows.extend((f"body.{k}", json.dumps(v, default=str)) for k, v in body.items())
     rows.extend((f"header {k}", v) for k, v in sorted((view.get("headers") or {}).items()))

@@ -112,6 +112,10 @@ def test_dlq_show_includes_the_undecodable_body(fleet: Up, poison: int) -> None:
     assert shown["body"]["undecodable"]
     assert base64.b64decode(shown["body"]["raw_b64"]) == POISON
     assert shown["run"] is None
+    # A person sees the bytes too, escaped, beside why they do not decode.
+    text = fleet.cli("dlq", "show", str(poison)).stdout
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("body bytes")]
+    assert line.endswith("\\xff\\xfe not a runfleet message {"), line
 
 
 def test_replaying_a_record_with_no_run_is_refused_with_exit_3(fleet: Up, poison: int) -> None:
