@@ -560,6 +560,22 @@ def run_to_exit(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def runfleet_with(
+    env: dict[str, str], *args: str, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """`runfleet ARGS` in a shell whose environment is exactly `env`, no terminal."""
+    return subprocess.run(
+        [str(RUNFLEET), *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
 def runfleet_without_fleet(
     tmp_path: Path, *args: str, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
@@ -568,13 +584,4 @@ def runfleet_without_fleet(
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
     env["RUNFLEET_DATA"] = str(tmp_path / "data")
     env["RUNFLEET_NATS_URL"] = "nats://127.0.0.1:1"  # nothing there: never a real fleet
-    return subprocess.run(
-        [str(RUNFLEET), *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return runfleet_with(env, *args, cwd=cwd)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 from publisher.config import WireSettings
-from tests.cli.conftest import CLI_TIMEOUT_S, ROOT, RUNFLEET, Up, eventually, stop_cleanly
+from tests.cli.conftest import Up, eventually, runfleet_with, stop_cleanly
 
 
 def bare_shell(data: Path, **settings: str) -> dict[str, str]:
@@ -25,24 +24,11 @@ def bare_shell(data: Path, **settings: str) -> dict[str, str]:
     return {**env, "RUNFLEET_DATA": str(data), **settings}
 
 
-def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(RUNFLEET), *args],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
-
-
 def test_sweep_and_streams_ensure_in_another_shell_use_the_fleets_settings(fleet: Up) -> None:
     shell = bare_shell(fleet.data)
 
-    swept = run(shell, "sweep", "--json")
-    ensured = run(shell, "streams", "ensure", "--json")
+    swept = runfleet_with(shell, "sweep", "--json")
+    ensured = runfleet_with(shell, "streams", "ensure", "--json")
 
     assert swept.returncode == 0, (swept.stdout, swept.stderr)
     assert ensured.returncode == 0, (ensured.stdout, ensured.stderr)
@@ -62,7 +48,7 @@ def test_a_runner_whose_settings_contradict_the_consumer_is_restarted_later_with
     once the consumer is put back, the runner starts again."""
     up = Up.start(tmp_path, runners=1)
     try:
-        changed = run(bare_shell(up.data, RUNFLEET_MAX_DELIVER="5"), "streams", "ensure")
+        changed = runfleet_with(bare_shell(up.data, RUNFLEET_MAX_DELIVER="5"), "streams", "ensure")
         assert changed.returncode == 0, changed.stderr
         assert "max_deliver 2 -> 5" in changed.stdout
         assert "refuses to start again (consumer_mismatch)" in changed.stderr
@@ -79,7 +65,7 @@ def test_a_runner_whose_settings_contradict_the_consumer_is_restarted_later_with
         assert "runner 0  not running: exit 2 [consumer_mismatch]" in line
         assert "RUNFLEET_MAX_DELIVER here: 2" in line
 
-        put_back = run(bare_shell(up.data), "streams", "ensure")  # the fleet's own value
+        put_back = runfleet_with(bare_shell(up.data), "streams", "ensure")  # the fleet's own value
         assert put_back.returncode == 0 and "max_deliver 5 -> 2" in put_back.stdout
         eventually(lambda: len(up.ready_lines(0)) >= 2, within=90, what="the runner back")
     finally:
@@ -94,6 +80,7 @@ def test_a_runner_whose_settings_contradict_the_consumer_is_restarted_later_with
     )
     try:
         said = "runfleet up: updated RUNFLEET_RUNS/runfleet-runners: max_deliver 2 -> 3"
-        assert said in again.output()
+        # Said once `up` has started its runners, which may be ready before it says it.
+        eventually(lambda: said in again.output(), within=30, what="up saying what it changed")
     finally:
         stop_cleanly(again)

@@ -15,6 +15,7 @@ from publisher import WireNames, decode
 from runner import operations as ops
 from runner.operations import Env, is_refusal
 from store import Checkpoint, Event, RunNotFound, RunStatus
+from tests.console.test_api_uploads import ASKS_FILE
 from tests.publisher.conftest import Nats, example, put_run, stream_messages
 
 
@@ -127,29 +128,10 @@ async def test_resume_local_answers_a_waiting_run_in_process(env: Env) -> None:
     assert (done.status, done.attempt) == (RunStatus.FINISHED, 2)
 
 
-ASK_FOR_A_FILE = """\
-name: ask_for_a_file
-entry: ask
-nodes:
-  ask:
-    kind: human
-    questions:
-      - name: doc
-        type: file
-  show_doc:
-    kind: tool
-    run: cat {{ attachments.doc.path }}
-    output: text
-edges:
-  - from: ask
-    to: show_doc
-"""
-
-
 async def test_resume_local_holds_a_file_answer_as_an_attachment_like_a_queued_resume(
     env: Env, tmp_path: Path
 ) -> None:
-    waiting = await ops.run_local(env, load_workflow(ASK_FOR_A_FILE, "ask.yaml"), {})
+    waiting = await ops.run_local(env, load_workflow(ASKS_FILE, "ask.yaml"), {})
     answer = tmp_path / "answer.txt"
     answer.write_text("the answer's bytes\n")
 
