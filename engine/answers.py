@@ -38,6 +38,15 @@ _EXPECTED = {
     "number": "a number",
     "file": "a file (@path)",
 }
+_EXPECTED_JSON = {
+    **_EXPECTED,
+    "string": "a JSON string",
+    "bool": "a JSON true or false",
+    "int": "a JSON integer",
+    "number": "a JSON number",
+}
+"""What typed JSON must hold: `"yes"` and `1` are a `--answer`'s forms, not a JSON bool's (found
+by a new-user walkthrough: the API's refusal offered the forms it refuses)."""
 
 
 def coerce_answers(
@@ -80,7 +89,7 @@ def _coerce(q: Question, value: Any, *, from_cli: bool, base_dir: Path | None) -
             raise _wrong(q, value)
         return _parse(q, value)
     if not value_fits(q.type, value):
-        raise _wrong(q, value)
+        raise _wrong(q, value, typed=True)
     return value
 
 
@@ -169,7 +178,7 @@ def _uploaded(q: Question, value: Mapping[str, Any]) -> dict[str, Any]:
     return {"upload": upload, "filename": filename, "bytes": size, "sha256": digest}
 
 
-def _wrong(q: Question, value: Any) -> AnswersInvalid:
+def _wrong(q: Question, value: Any, *, typed: bool = False) -> AnswersInvalid:
     try:
         shown = repr(value)
     except ValueError:  # an int too long to print
@@ -177,5 +186,7 @@ def _wrong(q: Question, value: Any) -> AnswersInvalid:
     if len(shown) > 200:
         shown = shown[:197] + "..."
     return AnswersInvalid(
-        q.name, f"expected {_EXPECTED[q.type]}, got {type(value).__name__} {shown}"
+        q.name,
+        f"expected {(_EXPECTED_JSON if typed else _EXPECTED)[q.type]}, got"
+        f" {type(value).__name__} {shown}",
     )

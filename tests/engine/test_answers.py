@@ -66,14 +66,16 @@ def test_bad_cli_strings_are_refused(name: str, text: str, expected_type: str) -
 @pytest.mark.parametrize(
     ("name", "value", "expected_type"),
     [
-        ("approved", "yes", "a bool"),  # a JSON string is not a bool
-        ("approved", 1, "a bool"),
-        ("count", True, "an int"),
-        ("count", 2.0, "an int"),
-        ("count", "2", "an int"),
-        ("ratio", "0.5", "a number"),
-        ("ratio", False, "a number"),
-        ("note", 5, "a string"),
+        # Typed JSON names JSON's forms: a `--answer`'s `yes` and `1` are refused here, and a
+        # message offering them left an API caller no way to tell what to send.
+        ("approved", "yes", "a JSON true or false, got str"),  # a JSON string is not a bool
+        ("approved", 1, "a JSON true or false, got int"),
+        ("count", True, "a JSON integer"),
+        ("count", 2.0, "a JSON integer"),
+        ("count", "2", "a JSON integer"),
+        ("ratio", "0.5", "a JSON number"),
+        ("ratio", False, "a JSON number"),
+        ("note", 5, "a JSON string"),
     ],
 )
 def test_answers_of_the_wrong_type_are_refused_with_the_field_named(
@@ -177,7 +179,7 @@ def test_a_json_number_answer_past_the_float_range_is_refused_naming_the_field()
             QUESTIONS, {"approved": True, "ratio": 10**400}, from_cli=False, base_dir=None
         )
     assert info.value.field == "ratio"
-    assert "a number" in str(info.value)
+    assert "a JSON number" in str(info.value)
 
 
 @pytest.mark.parametrize("name", ["count", "ratio"])

@@ -152,7 +152,8 @@ async def test_dlq_show_without_json_is_a_table(env: Env, dlq: DlqStore) -> None
 
     poisoned = detail_lines(detail_view(await ops.show_record(env, 52)))
     assert any(line.startswith("body ") and "undecodable" in line for line in poisoned)
-    assert any("no (purge it)" in line for line in poisoned)
+    (said,) = [line for line in poisoned if line.startswith("replayable")]
+    assert "no: [record_not_replayable]" in said and "purge" in said
 
 
 async def test_a_run_id_may_be_given_by_a_unique_prefix_of_at_least_6_characters(
