@@ -113,7 +113,7 @@ class AnswersInvalid(Refusal, code="answers_invalid"):
 
     remedy = "correct the named answer and resume again"
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, *, remedy: str | None = None) -> None:
         self.field = field
         self.detail = message
-        super().__init__(f"answer {field!r}: {message}")
+        super().__init__(f"answer {field!r}: {message}", remedy=remedy)

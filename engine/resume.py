@@ -97,8 +97,9 @@ def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
         name = next(iter({**request.answers, **request.cli_answers}))
         raise AnswersInvalid(
             name,
-            f"run {run.run_id} is {run.status}, not waiting for answers: resume it without"
-            " answers, and answer when it asks (`runfleet status RUN` shows its questions)",
+            f"run {run.run_id} is {run.status}, not waiting for answers",
+            remedy="resume it without answers, and answer when it asks (`runfleet status RUN`"
+            " shows its questions)",
         )
     scratch_why = scratch_problem(run)
     source_changed = (

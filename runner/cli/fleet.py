@@ -22,6 +22,7 @@ from runner.operations import open_env
 from store.settings import format_duration
 
 if TYPE_CHECKING:
+    from runner.console.auth import TokenBook
     from runner.embedded import EmbeddedFleet, RunnerRow
 
 
@@ -149,7 +150,7 @@ async def _run_fleet(
 
     async with open_env(data) as env:
         _ = env.engine, env.wire()  # every setting the runners read, checked before any starts
-        load_tokens(env.tenant)  # and the API's: a token file it cannot use is exit 2, as in
+        book = load_tokens(env.tenant)  # and the API's: a token file it cannot use is exit 2, as in
         # `runfleet console`, not a fleet that runs on without the API it was asked for
         fleet = EmbeddedFleet(
             data=env.data_dir,
@@ -180,7 +181,7 @@ async def _run_fleet(
             )
             supervise = asyncio.ensure_future(fleet.supervise())
             urls: list[str] = []  # the console's URL, once it listens: shown in the live view
-            api = asyncio.ensure_future(_serve_api(api_sock, fleet, urls))
+            api = asyncio.ensure_future(_serve_api(api_sock, fleet, urls, book))
             view = asyncio.ensure_future(live_view(fleet, interactive=not no_view, notes=urls))
             await fleet.wait_stop_requested()
             view.cancel()
@@ -193,7 +194,9 @@ async def _run_fleet(
         click.echo("fleet stopped", err=True)
 
 
-async def _serve_api(sock: socket.socket, fleet: EmbeddedFleet, urls: list[str]) -> None:
+async def _serve_api(
+    sock: socket.socket, fleet: EmbeddedFleet, urls: list[str], book: TokenBook
+) -> None:
     """The HTTP API and the console beside the embedded fleet (SPEC v2.2 §10, §10b, §10c), on
     `sock` (127.0.0.1, bound before the fleet started). It finds the fleet as every other
     command does (`RUNFLEET_DATA/nats.url`); without a token the API refuses every request and
@@ -205,10 +208,14 @@ async def _serve_api(sock: socket.socket, fleet: EmbeddedFleet, urls: list[str])
     from runner.console import serve
     from runner.heap import freeze_startup_heap
 
+    # What the tokens allow (found by a walkthrough: an operate token from RUNFLEET_API_TOKENS
+    # was said to leave the console read-only, because only RUNFLEET_CONSOLE_TOKEN was looked at).
+    roles = {who.role for who in book.by_digest.values()}
+    hint = "" if roles else " (no token: set RUNFLEET_CONSOLE_TOKEN or RUNFLEET_API_TOKENS)"
+    ro = "" if "operate" in roles else " (read-only: no operate token)"
+
     def started(url: str) -> None:
-        hint = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (set RUNFLEET_CONSOLE_TOKEN)"
         click.echo(f"  HTTP API on {url}/api/v1{hint}", err=True)
-        ro = "" if os.environ.get("RUNFLEET_CONSOLE_TOKEN") else " (read-only)"
         urls.append(f"  console on {url}/ui/{ro}")
         click.echo(urls[-1], err=True)
         freeze_startup_heap()  # the API's launches wait out no full collection (ADR-0016)

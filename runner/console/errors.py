@@ -105,6 +105,8 @@ HTTP_WORDS: tuple[tuple[str, str], ...] = (
     ("omit --file", 'omit `"workflow"`'),
     ("--force", '`"force": true`'),
     ("`runfleet status RUN`", "`GET /api/v1/runs/RUN`"),
+    ("`runfleet runs`", "`GET /api/v1/runs`"),
+    ("stage the files again", "stage the files again (`POST /api/v1/uploads`)"),
     ("`runfleet events RUN --follow`", "`GET /api/v1/runs/RUN/events/stream`"),
     ("`runfleet cancel RUN`", "`POST /api/v1/runs/RUN/cancel`"),
     ("`runfleet rewind RUN --node NODE`", "`POST /api/v1/runs/RUN/rewind`"),

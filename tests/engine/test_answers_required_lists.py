@@ -92,4 +92,6 @@ async def test_answers_invalid_when_the_run_is_not_waiting_for_answers(
     assert info.value.code == "answers_invalid"
     assert info.value.field == "approved"
     assert "not waiting for answers" in info.value.message
+    # The remedy is this case's, not "correct the named answer" (found by a walkthrough).
+    assert (info.value.remedy or "").startswith("resume it without answers")
     judge_resume(stopped, ResumeRequest())  # without answers it resumes
