@@ -81,6 +81,15 @@ class RunOut(BaseModel):
     retry: dict[str, Any] | None = Field(
         default=None, description="the automatic retry a failed_resumable run waits for"
     )
+    usage: dict[str, Any] | None = Field(
+        default=None,
+        description="what the run consumed (iterations, elapsed s, cost_usd): what a budget"
+        " cap is checked against; null before its first checkpoint",
+    )
+    attachments: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the files the run holds: name, filename, bytes, sha256, key (SPEC §8)",
+    )
 
     @classmethod
     def of(cls, doc: RunDocument, retry: RetryWait | None = None) -> RunOut:
@@ -111,6 +120,8 @@ class RunOut(BaseModel):
             budget=doc.budget.model_dump(mode="json"),
             cancel_requested=doc.cancel_requested,
             retry=retry.to_dict() if retry else None,
+            usage=cp.usage.model_dump(mode="json") if cp else None,
+            attachments=[a.model_dump(mode="json") for a in doc.attachments],
         )
 
 

@@ -147,6 +147,9 @@ async def test_resume_without_answers_is_422_and_with_them_resumes(api: Api) -> 
     done = await api.fleet.wait_status(paused.run_id, "finished")
     assert done.checkpoint is not None
     assert done.checkpoint.outputs["accepted"]["decision"] == "approved"
+    # What it consumed, which a budget is checked against, is in the API's run too.
+    _, shown, _ = await api.call("GET", f"/api/v1/runs/{paused.run_id}", template=RUN)
+    assert shown["usage"]["iterations"] == done.checkpoint.usage.iterations > 0
 
 
 async def test_cancel_and_rewind_answer_their_refusals_as_409(api: Api) -> None:

@@ -50,6 +50,8 @@ async def test_an_upload_is_attached_to_a_launch_by_its_id(api: Api) -> None:
     assert (status, again) == (201, 200) and retried["run_id"] == run["run_id"]
     doc = await api.env.store.get_run(run["run_id"])
     assert [(a.name, a.filename, a.bytes) for a in doc.attachments] == [("spec", "spec.txt", 8)]
+    # The API's run lists them as `status --json` does (found by a new-user walkthrough).
+    assert [(a["name"], a["bytes"]) for a in run["attachments"]] == [("spec", 8)]
 
 
 async def test_another_tenants_upload_id_is_upload_not_found_and_launches_nothing(
