@@ -370,6 +370,11 @@ class Publisher:
             await self.flip_back(result, spec.prior_status, exc.message)
             raise
         await self.record_publication(result, ack)
+        # `run_resumed {from_status}` as a local resume says it (SPEC §6.3; found by a
+        # walkthrough: a fleet resume's history went from the pause straight to `run_queued`).
+        await self.store.append_event(
+            run_id, "run_resumed", {"from_status": str(spec.prior_status)}, attempt=spec.attempt
+        )
         await self.store.append_event(
             run_id, "run_queued", {"attempt": spec.attempt, "kind": kind}, attempt=spec.attempt
         )

@@ -105,6 +105,12 @@ async def test_resume_queues_a_paused_run_as_its_next_attempt_on_the_stream(
     assert (resumed.status, resumed.attempt) == (RunStatus.QUEUED, 2)
     (message,) = await stream_messages(nats_conn.js, names)
     assert (message.headers or {})["Nats-Msg-Id"] == f"{run.run_id}:2"
+    # The history says it was resumed, and from what, as a local resume's does (SPEC §6.3).
+    said = [(e.type, e.data, e.attempt) for e in await env.store.read_events(run.run_id)]
+    assert said[-2:] == [
+        ("run_resumed", {"from_status": "paused_operator"}, 2),
+        ("run_queued", {"attempt": 2, "kind": "resume"}, 2),
+    ]
 
 
 async def test_resume_of_a_finished_run_is_refused_run_not_resumable(env: Env) -> None:
