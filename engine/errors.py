@@ -47,7 +47,10 @@ class WorkflowInvalid(RunfleetError, code="workflow_invalid"):
     in `problems`, so a CLI can list every one in a single pass.
     """
 
-    remedy = "fix the workflow file at the line shown and load it again"
+    remedy = (
+        "fix the workflow file at the line shown and load it again (`runfleet validate FILE`"
+        " lists every problem at once)"
+    )
     failure_code: ClassVar[FailureCode] = FailureCode.WORKFLOW_INVALID
 
     def __init__(

@@ -106,6 +106,7 @@ HTTP_WORDS: tuple[tuple[str, str], ...] = (
     ("--force", '`"force": true`'),
     ("`runfleet status RUN`", "`GET /api/v1/runs/RUN`"),
     ("`runfleet runs`", "`GET /api/v1/runs`"),
+    (" (`runfleet validate FILE` lists every problem at once)", ""),
     ("stage the files again", "stage the files again (`POST /api/v1/uploads`)"),
     ("`runfleet events RUN --follow`", "`GET /api/v1/runs/RUN/events/stream`"),
     ("`runfleet cancel RUN`", "`POST /api/v1/runs/RUN/cancel`"),
