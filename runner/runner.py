@@ -186,6 +186,17 @@ class Runner:
                     await asyncio.wait(fetch, timeout=grace)
             await self._unsubscribe_pulls()
             if self.svc is not None:
+                # The log says what a stop did (found by an operator walkthrough: a drained
+                # runner's log ended at its start line).
+                handing = list(self.svc.executions)
+                log.info(
+                    "runner %s draining: %d run(s) to hand off%s",
+                    self.owner,
+                    len(handing),
+                    f" ({', '.join(handing[:10])}{', ...' if len(handing) > 10 else ''})"
+                    if handing
+                    else "",
+                )
                 for cancel in list(self.svc.executions.values()):
                     cancel.cancel(CancelReason.DRAIN)
             if self._tasks is not None:
@@ -206,6 +217,7 @@ class Runner:
                     await close()
         finally:
             self._stopped.set()
+            log.info("runner %s stopped", self.owner)
 
     async def _unsubscribe_pulls(self) -> None:
         """A pull subscription never drains by itself (nats-py waits out the whole drain

@@ -48,6 +48,10 @@ async def test_sigterm_during_a_long_node_hands_off_as_a_new_attempt_and_a_secon
         a.signal(signal.SIGTERM)
         code = await a.wait_exit(ceiling + 30)
         took = time.monotonic() - sent
+        said = a.log()
+    # Its log says what the stop did, run by run (found by an operator walkthrough).
+    assert f"draining: 1 run(s) to hand off ({run.run_id})" in said, said
+    assert any(line.endswith(" stopped") for line in said.splitlines()), said
 
     # Handed off, not cancelled: a new attempt, queued as a fresh publication.
     handed = await fleet.store.get_run(run.run_id)
