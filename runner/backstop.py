@@ -39,6 +39,7 @@ from store import (
     lease_is_free,
     utcnow,
 )
+from store.events import all_events
 
 log = logging.getLogger(__name__)
 
@@ -318,14 +319,10 @@ class Backstop:
 
     async def _parked_event_exists(self, run: RunDocument) -> bool:
         """Whether the run has a `run_dlq_parked` event at its current attempt."""
-        after = 0
-        while True:
-            events = await self.svc.store.read_events(run.run_id, after_seq=after, limit=1000)
-            if any(e.type == "run_dlq_parked" and e.attempt == run.attempt for e in events):
+        async for e in all_events(self.svc.store, run.run_id):
+            if e.type == "run_dlq_parked" and e.attempt == run.attempt:
                 return True
-            if len(events) < 1000:
-                return False
-            after = events[-1].seq
+        return False
 
     @staticmethod
     def _settled(run: RunDocument) -> bool:

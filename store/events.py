@@ -1,15 +1,17 @@
 """`RunStore.append_event` once for every backend: the protocol's arguments become an
 `EventDraft` stamped with its instant, and each backend appends drafts (`_append_draft`), the
-same path `create_run(first_event=...)` takes."""
+same path `create_run(first_event=...)` takes. `all_events` reads a run's whole history in
+pages, for the readers that look for one kind of event in it."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
 from store.models import Event
-from store.protocols import EventDraft
+from store.protocols import EventDraft, RunStore
 from store.timeutil import utcnow
 
 
@@ -29,3 +31,15 @@ class AppendsDrafts(ABC):
     @abstractmethod
     async def _append_draft(self, run_id: str, draft: EventDraft, at: datetime) -> Event:
         """Append with `seq = max(seq) + 1`, gap-free per run (see `RunStore.append_event`)."""
+
+
+async def all_events(store: RunStore, run_id: str, *, page: int = 1000) -> AsyncIterator[Event]:
+    """Every event of the run, by seq, read `page` at a time."""
+    after = 0
+    while True:
+        events = await store.read_events(run_id, after_seq=after, limit=page)
+        for event in events:
+            yield event
+        if len(events) < page:
+            return
+        after = events[-1].seq

@@ -22,6 +22,7 @@ from runner.operations.env import Env
 from runner.operations.errors import is_unreachable
 from runner.operations.models import RecordDetail, ReplayOutcome, ReplayReport
 from store import RunDocument, RunfleetError, RunNotFound, RunStatus, utcnow
+from store.events import all_events
 
 _EVENTS_PAGE = 10_000
 DLQ_REASONS: tuple[str, ...] = (
@@ -136,16 +137,10 @@ async def parked_record_id(env: Env, run: RunDocument) -> int | None:
     if run.status is not RunStatus.FAILED_RESUMABLE or run.failure_code != FailureCode.DLQ_PARKED:
         return None
     found: int | None = None
-    after = 0
-    while True:
-        events = await env.store.read_events(run.run_id, after_seq=after, limit=_EVENTS_PAGE)
-        for event in events:
-            record_id = event.data.get("record_id")
-            if event.type == "run_dlq_parked" and event.attempt == run.attempt:
-                found = record_id if isinstance(record_id, int) else found
-        if len(events) < _EVENTS_PAGE:
-            break
-        after = events[-1].seq
+    async for event in all_events(env.store, run.run_id, page=_EVENTS_PAGE):
+        record_id = event.data.get("record_id")
+        if event.type == "run_dlq_parked" and event.attempt == run.attempt:
+            found = record_id if isinstance(record_id, int) else found
     if found is None:
         return None
     try:

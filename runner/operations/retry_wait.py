@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from engine.failures import is_auto_resumable
 from runner.operations.env import Env
 from store import Event, Origin, RunDocument, RunfleetError, RunStatus, RunStore, utcnow
+from store.events import all_events
 
 EVENTS_PAGE = 10_000
 
@@ -63,17 +64,12 @@ async def last_retry_scheduled(store: RunStore, doc: RunDocument) -> Event | Non
     """The run's `run_retry_scheduled` event since its last claim, if it has one (a run the
     sweeper failed `RUNNER_LOST` after a claim has none: no delay is known for it)."""
     last: Event | None = None
-    after = 0
-    while True:
-        events = await store.read_events(doc.run_id, after_seq=after, limit=EVENTS_PAGE)
-        for event in events:
-            if event.type == "run_claimed":
-                last = None  # a later execution: an earlier schedule is spent
-            elif event.type == "run_retry_scheduled" and event.attempt in (None, doc.attempt):
-                last = event
-        if len(events) < EVENTS_PAGE:
-            return last
-        after = events[-1].seq
+    async for event in all_events(store, doc.run_id, page=EVENTS_PAGE):
+        if event.type == "run_claimed":
+            last = None  # a later execution: an earlier schedule is spent
+        elif event.type == "run_retry_scheduled" and event.attempt in (None, doc.attempt):
+            last = event
+    return last
 
 
 async def retry_wait(
