@@ -33,6 +33,7 @@ from publisher.wire import WireNames
 from runner import fleet_settings
 from runner.localcluster import NatsCluster
 from runner.localnats import NatsServer
+from runner.logfiles import rotate_if_large
 from runner.operations.errors import FleetAlreadyRunning
 from store import RunStore
 
@@ -293,6 +294,8 @@ class EmbeddedFleet:
                         await self._spawn(rp)
                 if rp.http_port is None and rp.proc is not None and rp.proc.returncode is None:
                     rp.http_port = _read_port(rp.log_path, rp.log_offset)
+                if rotate_if_large(rp.log_path):
+                    rp.log_offset = 0  # this start's lines before the cut are in `.1`
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.5)
 

@@ -144,9 +144,8 @@ class Runner:
             backstop = Backstop(self.svc)
             self._pull_subs.append(await backstop.subscribe())
             self._tasks.spawn(backstop.loop(), name="loop:backstop", critical=True)
-        log.info(
-            "runner %s started: %d slots, http :%s", self.owner, self.settings.slots, self.http.port
-        )
+        # The one start line, with the wording `up`, the soak and the benches wait for.
+        log.info("runner %s: %d slots, http :%s", self.owner, self.settings.slots, self.http.port)
 
     async def run(self) -> None:
         """Run until `shutdown()` (or a crashed loop, which is re-raised after shutdown)."""

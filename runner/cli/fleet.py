@@ -275,11 +275,7 @@ async def runner_cmd(slots: int | None, http_port: int | None) -> None:
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(runner.shutdown()))
         await runner.start()
         frozen = freeze_startup_heap()
-        assert runner.http is not None
         logging.getLogger(__name__).debug("runner: %d start-up objects frozen (gc)", frozen)
-        click.echo(
-            f"runner {runner.owner}: {settings.slots} slots, http :{runner.http.port}", err=True
-        )
         await runner.run()
 
 

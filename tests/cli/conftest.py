@@ -80,8 +80,9 @@ _EXPECTED: list[Expectation] = [
     (RunnerSettings, "transient_delay", timedelta(seconds=0.2)),
 ]
 
-# The line `runfleet runner` prints once it consumes (`runner <host:pid>: N slots, http :P`).
-READY = re.compile(r"^runner (?P<owner>\S+): \d+ slots, http :\d+$", re.MULTILINE)
+# The line `runfleet runner` logs once it consumes (`… INFO runner.runner runner <host:pid>: N
+# slots, http :P`).
+READY = re.compile(r" runner (?P<owner>\S+): \d+ slots, http :\d+$", re.MULTILINE)
 
 
 def check_settings_accepted(env: dict[str, str], also: Sequence[Expectation] = ()) -> None:
