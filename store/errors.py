@@ -29,6 +29,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     │   └── PodTemplateInvalid                  pod_template_invalid
     ├── SandboxError                            sandbox_error
     │   ├── SandboxStartFailed                  sandbox_start_failed
+    │   ├── SandboxAccessDenied                 sandbox_access_denied
     │   ├── SandboxSetupTimeout                 sandbox_setup_timeout
     │   ├── SandboxCapacity                     sandbox_capacity
     │   ├── SandboxImageInvalid                 sandbox_image_invalid

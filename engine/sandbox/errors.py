@@ -9,6 +9,7 @@ Errors without a `failure_code` are classified by the caller, who knows what the
     ├── UnknownSandboxDriver            a driver name the registry does not know (configuration)
     └── SandboxError                    a sandbox could not do what was asked
         ├── SandboxStartFailed          invalid spec, or the sandbox never came up
+        ├── SandboxAccessDenied         the cluster refused the runner itself (RBAC, namespace)
         ├── SandboxSetupTimeout         a setup phase ran and stalled past its budget
         ├── SandboxCapacity             no room to start it before the deadline
         ├── SandboxImageInvalid         the image cannot be pulled or run
@@ -28,6 +29,7 @@ from engine.failures import FailureCode
 from store.errors import RunfleetError
 
 __all__ = [
+    "SandboxAccessDenied",
     "SandboxArchiveInvalid",
     "SandboxCapacity",
     "SandboxCopyFailed",
@@ -79,6 +81,21 @@ class SandboxError(RunfleetError, code="sandbox_error"):
 
 class SandboxStartFailed(SandboxError, failure_code=FailureCode.SANDBOX_START_FAILED):
     """Deterministic: retrying the same spec will fail the same way."""
+
+
+class SandboxAccessDenied(SandboxError, code="sandbox_access_denied"):
+    """The API server refused the runner, not the pod: its credentials (401), its RBAC (403
+    "cannot create resource"), or a sandbox namespace that does not exist (404). That is how
+    the cluster was set up, which an operator fixes, not the run's spec: no failure code of its
+    own, so an execution reads `INTERNAL_ERROR` (transient, §6.6) and the run waits on the nak
+    ladder, then in the DLQ, to be replayed once the Role or namespace is right. Read as
+    `SANDBOX_START_FAILED` it would fail every run for good."""
+
+    remedy = (
+        "check that RUNFLEET_SANDBOX_NAMESPACE exists and that the runner's ServiceAccount may "
+        "create, get, list, watch and delete pods and create pods/exec there (docs/kubernetes.md,"
+        " RBAC); then replay the parked runs (`runfleet dlq replay --all`)"
+    )
 
 
 class SandboxSetupTimeout(SandboxError, failure_code=FailureCode.SANDBOX_SETUP_TIMEOUT):

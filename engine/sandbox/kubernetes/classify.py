@@ -33,6 +33,7 @@ __all__ = [
     "Verdict",
     "classify_create_error",
     "classify_start",
+    "refused_access",
 ]
 
 Phase = Literal["schedule", "ready", "seed"]
@@ -186,6 +187,13 @@ def _ended(statuses: Iterable[V1ContainerStatus]) -> str:
         if term is not None:
             return f" ({cs.name} exited {term.exit_code}: {term.reason or ''} {term.message or ''})"
     return ""
+
+
+def refused_access(status: int, body: str) -> bool:
+    """A refused create that says nothing about the pod: the runner's credentials (401), its
+    RBAC (403 "cannot create resource", where Pod Security's 403 says "violates"), or a
+    namespace that is not there (404). `SandboxAccessDenied`, never a verdict on the run."""
+    return status in (401, 404) or (status == 403 and "cannot create resource" in body)
 
 
 def classify_create_error(status: int, reason: str, body: str) -> StartFailure:

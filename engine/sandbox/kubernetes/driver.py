@@ -38,6 +38,7 @@ from kubernetes.aio.client import (
 
 from engine.failures import FailureCode
 from engine.sandbox.errors import (
+    SandboxAccessDenied,
     SandboxCapacity,
     SandboxError,
     SandboxImageInvalid,
@@ -50,6 +51,7 @@ from engine.sandbox.kubernetes.classify import (
     StartFailure,
     classify_create_error,
     classify_start,
+    refused_access,
 )
 from engine.sandbox.kubernetes.copy import copy_in
 from engine.sandbox.kubernetes.pod import (
@@ -194,6 +196,12 @@ class KubernetesSandboxDriver:
                     return await self._adopt(api, manifest)  # our own create's lost answer
                 if exc.status is not None and (exc.status >= 500 or exc.status == 429):
                     problem = f"{exc.status} {exc.reason}"
+                elif refused_access(exc.status or 0, exc.body or ""):
+                    raise SandboxAccessDenied(
+                        f"sandbox pod {name}: create refused in namespace "
+                        f"{self.settings.namespace!r}: {exc.status} {exc.reason}: "
+                        f"{(exc.body or '')[:300]}"
+                    ) from exc
                 else:
                     failure = classify_create_error(
                         exc.status or 0, exc.reason or "", exc.body or ""
