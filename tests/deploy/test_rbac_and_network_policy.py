@@ -4,6 +4,7 @@ lets out DNS, NATS (in its namespace), MongoDB, HTTPS and the API server."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 
 import pytest
@@ -100,4 +101,31 @@ def test_network_policy_admits_only_the_metrics_port_and_the_listed_egress(
     selector = nats_rule["to"][0]["namespaceSelector"]["matchLabels"]
     assert selector == {"kubernetes.io/metadata.name": nats_ns}
     sandbox_policy = one(manifests, "NetworkPolicy", "runfleet-sandboxes-deny-ingress")
-    assert sandbox_policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    assert sandbox_policy["spec"]["podSelector"] == {}
+    assert "ingress" not in sandbox_policy["spec"]  # nothing connects to a sandbox
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_sandboxes_reach_dns_and_the_internet_but_nothing_private(
+    rendered: dict[str, list[Manifest]], overlay: str
+) -> None:
+    """A sandbox runs arbitrary workflow code: it must not reach NATS, the store, the runners,
+    the API server or the cloud metadata address (the node's credentials)."""
+    policy = one(rendered[overlay], "NetworkPolicy", "runfleet-sandboxes-deny-ingress")["spec"]
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    blocks = [
+        to["ipBlock"] for rule in policy["egress"] for to in rule.get("to", []) if "ipBlock" in to
+    ]
+    (block,) = blocks
+    denied = [ipaddress.ip_network(c) for c in block["except"]]
+
+    def reachable(address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        return ip in ipaddress.ip_network(block["cidr"]) and not any(ip in n for n in denied)
+
+    assert reachable("140.82.112.3") and reachable("151.101.0.223")  # public hosts
+    for private in ("169.254.169.254", "10.96.0.1", "172.20.0.10", "192.168.1.5", "100.64.0.1"):
+        assert not reachable(private), private
+    for rule in policy["egress"]:  # every other rule is DNS only
+        if not any("ipBlock" in to for to in rule.get("to", [])):
+            assert {p["port"] for p in rule["ports"]} == {53}

@@ -135,7 +135,15 @@ def build_pod(
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    variables = {"RUNFLEET_WORKSPACE": WORKSPACE, "RUNFLEET_SCRATCH_DIR": SCRATCH, **(env or {})}
+    variables = {
+        # The sandbox user (any non-root uid) has no passwd entry in most images, so its home
+        # would be `/`, read-only here: tools that write `~/.cache` or `~/.gitconfig` failed on
+        # the cluster and worked under the local driver. `/tmp` is the pod's writable emptyDir.
+        "HOME": "/tmp",
+        "RUNFLEET_WORKSPACE": WORKSPACE,
+        "RUNFLEET_SCRATCH_DIR": SCRATCH,
+        **(env or {}),
+    }
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,

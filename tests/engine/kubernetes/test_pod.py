@@ -71,6 +71,16 @@ def test_pod_has_emptydir_workspace_and_scratch_mounted_with_the_scratch_env() -
     assert container.working_dir == "/workspace"
 
 
+def test_pod_home_is_the_writable_tmp_unless_the_workflow_sets_it() -> None:
+    """The read-only root filesystem leaves a passwd-less user's home (`/`) unwritable."""
+    (container,) = _pod().spec.containers  # type: ignore[union-attr]
+    env = {e.name: e.value for e in container.env or []}
+    assert env["HOME"] == "/tmp"
+    assert {m.mount_path for m in container.volume_mounts or []} >= {"/tmp"}
+    (container,) = _pod(env={"HOME": "/workspace"}).spec.containers  # type: ignore[union-attr]
+    assert {e.name: e.value for e in container.env or []}["HOME"] == "/workspace"
+
+
 def test_pod_is_named_and_labelled_per_execution() -> None:
     pod = _pod(run_id="Run_With.Odd/Chars:" + "x" * 80, token="T0KEN")
     assert pod.metadata is not None and pod.metadata.labels is not None
