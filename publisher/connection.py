@@ -78,6 +78,16 @@ async def connect(
                 remedy="start one (`runfleet up`, or `runfleet up --data DIR`), set"
                 " RUNFLEET_DATA to the directory a running `up` uses, or set RUNFLEET_NATS_URL",
             ) from exc
+        if settings.nats_url is None:
+            # A fleet's `nats.url` names a server that does not answer: its `up` restarts a
+            # nats-server that died within seconds; an `up` that is gone left the file behind.
+            data = settings.data.resolve()
+            raise NatsUnavailable(
+                f"the `runfleet up` fleet on {data} does not answer at {where}: {exc!r}",
+                remedy="retry in a few seconds (`runfleet up` restarts a nats-server that"
+                " died); if that `up` is gone, stop what still holds"
+                f" {data / 'up.lock'} and start the fleet again (`runfleet up`)",
+            ) from exc
         raise NatsUnavailable(f"cannot reach NATS at {where}: {exc!r}") from exc
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on, never give up
     return nc, nc.jetstream()

@@ -134,6 +134,28 @@ class RunnerProcess:
     and log in a tight loop until someone fixes them)."""
 
 
+@dataclass
+class NatsWatch:
+    """What `up` knows of its own nats-server's deaths, for restarts and the view."""
+
+    restarts: int = 0
+    last_exit: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    backoff_s: float = 0.0
+    restart_at: float | None = None
+    """While the server is down: when it is started again."""
+
+
+def describe_exit(code: int | None) -> str:
+    """`exit 2`, or `killed by SIGKILL` for a process a signal ended (a negative status)."""
+    if code is None:
+        return "exited"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit {code}"
+
+
 @dataclass(frozen=True, slots=True)
 class RunnerRow:
     """One runner as the live view shows it (SPEC §10 `up`: pid, port, slots, runs)."""
@@ -149,7 +171,8 @@ class RunnerRow:
     restarts: int
     answering: bool
     last_exit: str | None = None
-    """Why its last process ended, while none runs (`exit 2 [consumer_mismatch] …`)."""
+    """Why its last process ended (`exit 2 [consumer_mismatch] …`, `killed by SIGKILL`): the
+    reason it is down, or beside its restarts once it runs again."""
     restart_in_s: float | None = None
 
 
@@ -183,6 +206,8 @@ class EmbeddedFleet:
         self._settings_written: str | None = None
         """What it wrote to `fleet-settings.json` (`runner.fleet_settings`), likewise."""
         self.procs: list[RunnerProcess] = []
+        self.nats = NatsWatch()
+        """The embedded nats-server's restarts (a single server `up` started, not a cluster)."""
         self.stopping = False
         self._stop = asyncio.Event()
         self._nc: Client | None = None
@@ -296,15 +321,50 @@ class EmbeddedFleet:
                     rp.http_port = _read_port(rp.log_path, rp.log_offset)
                 if rotate_if_large(rp.log_path):
                     rp.log_offset = 0  # this start's lines before the cut are in `.1`
+            await self._watch_nats()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.5)
+
+    async def _watch_nats(self) -> None:
+        """Start the embedded nats-server again when it died under the fleet (found by an
+        on-call walkthrough: a SIGKILLed server left every runner retrying its connection
+        forever and the view silent). Same port and JetStream directory, so the streams and
+        every queued message come back, and the runners' clients reconnect by themselves."""
+        server, watch = self.server, self.nats
+        if not isinstance(server, NatsServer) or self.stopping or server.running:
+            return
+        now = time.monotonic()
+        if watch.restart_at is None:
+            quick = now - watch.started_at < QUICK_EXIT_S
+            watch.backoff_s = min(MAX_BACKOFF_S, max(1.0, watch.backoff_s * 2)) if quick else 0.0
+            watch.restart_at = now + watch.backoff_s
+            watch.last_exit = describe_exit(server.exit_code)
+            log.warning(
+                "nats-server %s; restarting it on port %s%s (log: %s)",
+                watch.last_exit,
+                server.port,
+                f" in {watch.backoff_s:.0f}s" if watch.backoff_s else "",
+                server.log_path,
+            )
+        if now < watch.restart_at:
+            return
+        watch.started_at = now
+        try:
+            await asyncio.to_thread(server.start)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            watch.restart_at = None  # judged again on the next turn, after a longer delay
+            log.error("nats-server did not start again: %s", str(exc).splitlines()[0])
+            return
+        watch.restart_at = None
+        watch.restarts += 1
+        log.warning("nats-server restarted on port %s (restarts %d)", server.port, watch.restarts)
 
     def _note_exit(self, rp: RunnerProcess, code: int, now: float) -> None:
         quick = now - rp.started_at < QUICK_EXIT_S
         rp.backoff_s = min(MAX_BACKOFF_S, max(1.0, rp.backoff_s * 2)) if quick else 0.0
         rp.restart_at = now + rp.backoff_s
         error = _last_error(rp.log_path, rp.log_offset)
-        rp.last_exit = f"exit {code}" + (f" {error}" if error else "")
+        rp.last_exit = describe_exit(code) + (f" {error}" if error else "")
         log.warning(
             "runner %d: %s; restarting%s (log: %s)",
             rp.index,
@@ -330,7 +390,24 @@ class EmbeddedFleet:
             "runners_alive": sum(r.answering for r in rows),
             "runners": rows,
             "dlq": await self.dlq_size(),
+            "nats": self.nats_line(),
         }
+
+    def nats_line(self) -> str | None:
+        """The view's nats-server row, only once it died: down (and when it comes back), or
+        running again after N restarts."""
+        server, watch = self.server, self.nats
+        if not isinstance(server, NatsServer) or (watch.restarts == 0 and server.running):
+            return None
+        if not server.running:
+            left = None if watch.restart_at is None else watch.restart_at - time.monotonic()
+            when = "restarting" if left is None or left <= 0 else f"restart in {left:.0f}s"
+            restarts = f", restarts {watch.restarts}" if watch.restarts else ""
+            return f"  nats-server  not running: {watch.last_exit} ({when}{restarts})"
+        return (
+            f"  nats-server  pid {server.pid}  :{server.port}"
+            f"  (restarts {watch.restarts}, last: {watch.last_exit})"
+        )
 
     async def _runner_row(
         self, session: aiohttp.ClientSession, rp: RunnerProcess
@@ -339,7 +416,9 @@ class EmbeddedFleet:
         deliveries so far); a runner that does not answer shows its pid and nothing else."""
         live = rp.proc is not None and rp.proc.returncode is None
         pid = rp.proc.pid if live and rp.proc is not None else None
-        row = RunnerRow(rp.index, pid, rp.http_port, self.slots, None, None, rp.restarts, False)
+        row = RunnerRow(
+            rp.index, pid, rp.http_port, self.slots, None, None, rp.restarts, False, rp.last_exit
+        )
         if not live:
             wait = None if rp.restart_at is None else max(0.0, rp.restart_at - time.monotonic())
             return dataclasses.replace(row, last_exit=rp.last_exit, restart_in_s=wait), 0.0
@@ -363,6 +442,7 @@ class EmbeddedFleet:
             int(stats.get("runfleet_inflight_runs", 0.0)),
             rp.restarts,
             True,
+            rp.last_exit,
         ), stats.get("runfleet_deliveries_total", 0.0)
 
     async def dlq_size(self) -> int:

@@ -82,6 +82,11 @@ class NatsServer:
         return self._proc.pid if self.running and self._proc is not None else None
 
     @property
+    def exit_code(self) -> int | None:
+        """The exit status of a server that ended by itself (negative: the signal), else None."""
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import socket
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,6 +153,7 @@ async def _run_fleet(
         _ = env.engine, env.wire()  # every setting the runners read, checked before any starts
         book = load_tokens(env.tenant)  # and the API's: a token file it cannot use is exit 2, as in
         # `runfleet console`, not a fleet that runs on without the API it was asked for
+        _log_fleet_events(env.data_dir, to_stderr=no_view or not sys.stderr.isatty())
         fleet = EmbeddedFleet(
             data=env.data_dir,
             runners=runners,
@@ -192,6 +194,24 @@ async def _run_fleet(
             await fleet.shutdown(grace)
         await supervise
         click.echo("fleet stopped", err=True)
+
+
+def _log_fleet_events(data: Path, *, to_stderr: bool) -> None:
+    """What `up` itself has to say while the fleet runs (a runner or the nats-server died and
+    was restarted, and why) goes to `DATA/logs/up.log`, with the time, and to stderr unless the
+    live view redraws there. Found by an on-call walkthrough: these warnings were logged to no
+    handler at all (a one-shot command quiets the library's last-resort output), so a
+    SIGKILLed runner left only `(restarts 1)` behind."""
+    (data / "logs").mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    handlers: list[logging.Handler] = [logging.FileHandler(data / "logs" / "up.log")]
+    if to_stderr:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logger = logging.getLogger("runner.embedded")
+    logger.setLevel(logging.INFO)
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        logger.addHandler(handler)
 
 
 async def _serve_api(

@@ -31,9 +31,14 @@ def render(snap: dict[str, object], rate: float, restarts: int) -> str:
     parts = [f"{name}={runs[name]}" for name in ORDER if runs.get(name)]
     return (
         f"runs: {' '.join(parts) or 'none'} | in flight {snap['inflight']}"
-        f" | dlq {snap['dlq']} | {rate:.1f} deliveries/s"
+        f" | dlq {_count(snap['dlq'])} | {rate:.1f} deliveries/s"
         f" | runners {snap['runners_alive']}" + (f" (restarts {restarts})" if restarts else "")
     )
+
+
+def _count(n: object) -> str:
+    """A count the fleet could not read (NATS down) is `?`, never a negative number."""
+    return "?" if not isinstance(n, int) or n < 0 else str(n)
 
 
 def runner_line(row: RunnerRow) -> str:
@@ -49,14 +54,16 @@ def runner_line(row: RunnerRow) -> str:
         load = f"slots {row.slots_in_use}/{row.slots} in use  runs in flight {row.runs_in_flight}"
     else:
         load = "not answering"
-    restarts = f"  (restarts {row.restarts})" if row.restarts else ""
+    last = f", last: {row.last_exit}" if row.last_exit else ""
+    restarts = f"  (restarts {row.restarts}{last})" if row.restarts else ""
     return f"  runner {row.index}  {pid}  {port}  {load}{restarts}"
 
 
 def render_lines(snap: dict[str, object], rate: float, restarts: int) -> list[str]:
     rows = snap.get("runners") or []
     assert isinstance(rows, list)
-    return [render(snap, rate, restarts), *(runner_line(r) for r in rows)]
+    nats = [line] if isinstance(line := snap.get("nats"), str) else []
+    return [render(snap, rate, restarts), *nats, *(runner_line(r) for r in rows)]
 
 
 async def live_view(fleet: EmbeddedFleet, *, interactive: bool, notes: Sequence[str] = ()) -> None:

@@ -87,7 +87,11 @@ def test_up_shows_the_current_port_of_a_restarted_runner(tmp_path: Path) -> None
             lambda: rows(up, after=mark).get(second), within=VIEW_WITHIN_S, what="its row"
         )
         assert owner_pid(row["port"]) == second
-        assert "(restarts 1)" in up.output()[mark:]
+        assert "(restarts 1, last: killed by SIGKILL)" in up.output()[mark:]
+        # Why, with the time, in `up`'s own log and on its stderr (no view redraws there).
+        said = "runner 0: killed by SIGKILL; restarting"
+        assert said in (up.data / "logs" / "up.log").read_text()
+        assert said in up.output()[mark:]
     finally:
         stop_cleanly(up)
 

@@ -36,10 +36,24 @@ async def test_no_fleet_in_the_data_dir_is_said_with_how_to_start_or_find_one(
     assert "RUNFLEET_DATA" in (caught.value.remedy or "")
 
 
-async def test_a_fleets_address_that_does_not_answer_is_named_as_before(
+async def test_a_fleets_address_that_does_not_answer_is_named_with_retry_then_the_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """`runfleet up` would be refused while the fleet's processes hold its lock: the remedy
+    says retry (a dead nats-server is restarted by `up`), then what to stop."""
     (tmp_path / NATS_URL_FILE).write_text(NOTHING_THERE + "\n")  # a fleet that was killed
     with pytest.raises(NatsUnavailable) as caught:
         await connect(NatsSettings(data=tmp_path, nats_url=None))
+    assert caught.value.message.startswith(
+        f"the `runfleet up` fleet on {resolved(tmp_path)} does not answer at {NOTHING_THERE}"
+    )
+    remedy = caught.value.remedy or ""
+    assert "retry in a few seconds" in remedy and str(resolved(tmp_path) / "up.lock") in remedy
+
+
+async def test_an_explicit_nats_url_that_does_not_answer_is_named_as_before(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(NatsUnavailable) as caught:
+        await connect(NatsSettings(data=tmp_path, nats_url=NOTHING_THERE))
     assert caught.value.message.startswith(f"cannot reach NATS at {NOTHING_THERE}")
