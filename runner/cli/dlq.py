@@ -17,6 +17,7 @@ from runner import operations as ops
 from runner.cli.errors import EXIT_REFUSED, EXIT_UNREACHABLE
 from runner.cli.options import DURATION
 from runner.cli.runtime import command, confirm_or_refuse, echo_json, json_option
+from runner.cli.tables import shown as shown_text
 from runner.operations import RecordDetail, ReplayReport, open_env
 from runner.operations.dlq import DLQ_REASONS
 from store import utcnow
@@ -83,11 +84,11 @@ def detail_lines(view: dict[str, Any]) -> list[str]:
         raw = base64.b64decode(body.get("raw_b64") or "")
         shown = raw[:BODY_PREVIEW].decode("utf-8", errors="backslashreplace")
         more = " …" if len(raw) > BODY_PREVIEW else ""
-        printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
-        rows.append(("body bytes", printable + more))
+        rows.append(("body bytes", shown + more))  # escaped with every row below
     else:
         rows.extend((f"body.{k}", json.dumps(v, default=str)) for k, v in body.items())
     rows.extend((f"header {k}", v) for k, v in sorted((view.get("headers") or {}).items()))
+    rows = [(shown_text(k, limit=80), shown_text(v)) for k, v in rows]
     width = max(len(k) for k, _ in rows)
     return [f"{k:<{width}}  {v}" for k, v in rows]
 
@@ -163,7 +164,8 @@ async def dlq_list(reason: str | None, older_than: timedelta | None, as_json: bo
     click.echo(f"{'ID':>8} {'RUN':<38} {'ATT':>3} {'REASON':<20} {'DELIV':>5} AGE")
     for r in records:
         click.echo(
-            f"{r.id:>8} {r.run_id or '-':<38} {r.attempt or '-':>3} {r.reason:<20}"
+            f"{r.id:>8} {shown_text(r.run_id or '-', limit=38):<38} {r.attempt or '-':>3}"
+            f" {r.reason:<20}"
             f" {r.num_delivered:>5} {_age((utcnow() - r.at).total_seconds())}"
         )
     click.echo(f"{len(records)} record(s)")

@@ -8,6 +8,18 @@ from datetime import datetime, timedelta
 from store import RunDocument, RunStatus
 
 MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
+SHOWN_MAX = 400
+"""Characters of one untrusted value printed on a line (a 60 KB header stays one screen)."""
+
+
+def shown(text: str, limit: int = SHOWN_MAX) -> str:
+    """`text` safe for a terminal: control characters (ESC, CR, LF, …) as Python escapes, and
+    cut at `limit` with what was left out said. Values that came off the wire (a dead message's
+    headers, run id, detail) reach `dlq list`/`show`; printed raw, `\x1b[2J…` would clear the
+    operator's screen and draw whatever the sender chose (an on-call walkthrough's finding)."""
+    cut = text[:limit]
+    safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return safe + (f" … ({len(text) - limit} more characters)" if len(text) > limit else "")
 
 
 def duration_text(value: timedelta) -> str:
@@ -41,7 +53,7 @@ def runs_table(runs: Sequence[RunDocument], now: datetime) -> list[str]:
     for r in runs:
         started = r.created_at.strftime("%Y-%m-%d %H:%M:%S")
         lines.append(
-            f"{r.run_id:<36}  {r.workflow.name[:16]:<16}  {r.status:<20}"
+            f"{shown(r.run_id):<36}  {shown(r.workflow.name[:16]):<16}  {r.status:<20}"
             f"  {(r.failure_code or '')[:18]:<18}  {r.origin:<6}  {started:<19}"
             f"  {duration_text(run_duration(r, now)):>8}  {r.attempt}"
         )

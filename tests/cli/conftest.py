@@ -355,9 +355,9 @@ class Up:
         """A read-only view of the store file, fast enough to poll in a tight loop."""
         return StorePeek(self.data / "runs.db")
 
-    def publish_raw(self, body: bytes) -> int:
+    def publish_raw(self, body: bytes, headers: dict[str, str] | None = None) -> int:
         """Publish bytes no runner can decode on the runs subject; returns its stream seq."""
-        return asyncio.run(_publish_raw(self.nats_url, self.names, body))
+        return asyncio.run(_publish_raw(self.nats_url, self.names, body, headers))
 
     # -- stop -------------------------------------------------------------------------------
 
@@ -438,12 +438,16 @@ class StorePeek:
         return out
 
 
-async def _publish_raw(url: str, names: WireNames, body: bytes) -> int:
+async def _publish_raw(
+    url: str, names: WireNames, body: bytes, headers: dict[str, str] | None = None
+) -> int:
     import nats
 
     nc = await nats.connect(url)
     try:
-        ack = await nc.jetstream().publish(names.runs_subject, body, stream=names.runs_stream)
+        ack = await nc.jetstream().publish(
+            names.runs_subject, body, stream=names.runs_stream, headers=headers
+        )
         return int(ack.seq)
     finally:
         await nc.close()

@@ -118,6 +118,27 @@ def test_dlq_show_includes_the_undecodable_body(fleet: Up, poison: int) -> None:
     assert line.endswith("\\xff\\xfe not a runfleet message {"), line
 
 
+def test_dlq_show_and_list_print_a_messages_control_characters_escaped(fleet: Up) -> None:
+    """A dead message's header and run id come off the wire: printed raw, `ESC[2J` would
+    clear the operator's terminal and draw the sender's text."""
+    hostile = "\x1b[2J\x1b[31mFAKE: all good\x1b[0m"
+    body = json.dumps({"v": 1, "run_id": "\x1b[31mred\r\nX", "attempt": "x"}).encode()
+    seq = fleet.publish_raw(body, headers={"X-Esc": hostile, "X-Long": "y" * 5000})
+    eventually(lambda: seq in record_ids(fleet), within=30, every=0.3, what=f"record {seq}")
+    try:
+        shown = fleet.cli("dlq", "show", str(seq)).stdout
+        listed = fleet.cli("dlq", "list").stdout
+        for text in (shown, listed):
+            assert "\x1b" not in text and "\r" not in text, text
+        (esc,) = [ln for ln in shown.splitlines() if ln.startswith("header X-Esc")]
+        assert esc.endswith("\\x1b[2J\\x1b[31mFAKE: all good\\x1b[0m"), esc
+        (long,) = [ln for ln in shown.splitlines() if ln.startswith("header X-Long")]
+        assert long.endswith("(4600 more characters)") and len(long) < 600, long
+        assert fleet.ok("dlq", "show", str(seq))["headers"]["X-Esc"] == hostile  # JSON: exact
+    finally:
+        purge(fleet, seq)
+
+
 def test_replaying_a_record_with_no_run_is_refused_with_exit_3(fleet: Up, poison: int) -> None:
     result = fleet.cli("dlq", "replay", str(poison), "--json")
     assert result.returncode == 3, (result.stdout, result.stderr)
