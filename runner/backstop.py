@@ -360,6 +360,13 @@ class Backstop:
             replayable=replayable,
         )
         self.svc.metrics.dlq_records.labels(reason=reason).inc()
+        log.warning(
+            "backstop: DLQ record %s (%s) for run %s: %.200r",
+            seq,
+            reason,
+            message.run_id if message else "-",
+            detail,
+        )
         await self.svc.delivery_log.record(
             message.run_id if message else None,
             seq,

@@ -104,6 +104,16 @@ async def dead_letter(
     svc.metrics.dlq_records.labels(reason=reason).inc()
     await delivery.ack_sync()
     await svc.delivery_log.disposed(delivery, "dlq", reason, record_id=record.id)
+    # An operator reads the runner's log first: what went to the DLQ, and why (the detail as
+    # a repr: it may hold whatever bytes the message carried).
+    log.warning(
+        "DLQ record %s (%s) for run %s, delivery %s: %.200r",
+        record.id,
+        reason,
+        message.run_id if message else "-",
+        delivery.info.num_delivered,
+        detail,
+    )
 
 
 async def _handle(svc: RunnerServices, delivery: Delivery) -> None:

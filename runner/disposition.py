@@ -243,6 +243,13 @@ async def _park(
         await _withdraw(svc, record.id)
         return Plan("ack", reason="cancelled")
     svc.metrics.dlq_records.labels(reason=record.reason).inc()
+    log.warning(
+        "run %s: parked in the DLQ as record %s after %s deliveries (%s)",
+        execution.run_id,
+        record.id,
+        info.num_delivered,
+        outcome.code,
+    )
     return Plan("ack", reason="dlq_parked", record_id=record.id)
 
 

@@ -74,6 +74,8 @@ def park(fleet: Up, workdir: Path, count: int) -> list[Parked]:
         assert record["replayable"] is True
         assert record["attempt"] == run["attempt"]
         parked.append(Parked(run_id, fix, record["id"], run["attempt"]))
+        logs = "".join(fleet.runner_log(i) for i in range(fleet.runners))
+        assert f"run {run_id}: parked in the DLQ as record {record['id']} after" in logs
     return parked
 
 
@@ -103,6 +105,9 @@ def test_an_undecodable_message_is_recorded_malformed_under_its_stream_sequence(
     assert record["replayable"] is False
     assert record["run_id"] is None
     assert record["body_bytes"] == len(POISON)
+    # The runner's log says it too, where an operator looks first.
+    logs = "".join(fleet.runner_log(i) for i in range(fleet.runners))
+    assert f"DLQ record {poison} (malformed) for run -, delivery 1:" in logs
 
 
 def test_dlq_show_includes_the_undecodable_body(fleet: Up, poison: int) -> None:
