@@ -487,7 +487,7 @@ class EmbeddedFleet:
             await asyncio.to_thread(self.server.stop)
             self._remove_url()
             if self._settings_written is not None:
-                fleet_settings.remove(self.data, self._settings_written)
+                fleet_settings.keep_location(self.data, self._settings_written)
                 self._settings_written = None
 
 

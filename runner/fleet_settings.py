@@ -10,8 +10,12 @@ refused to start (found by an operator walkthrough). A `RUNFLEET_STORE_URL` give
 likewise missed, so the other shell read another store.
 
 So `up` writes what it runs with to `$DATA/fleet-settings.json` (beside `nats.url`, replaced
-whole, removed by the `up` that wrote it), and a command that finds the fleet there takes each
-value its own environment does not set. A variable set in the command's shell still wins: that
+whole), and a command that finds the fleet there takes each value its own environment does not
+set. Where the data lives (`DATA_LOCATION`: the store, the blob store and its S3 endpoint) is
+a property of the data dir, not of a running fleet: when `up` stops it cuts the file down to
+those, and a command run while no fleet runs (`runs`, `status`, `gc`, `upload`) still reads the
+same store and blobs (ADR-0019 amendment 1: a `gc` cron job on a stopped S3 fleet deleted the
+runs and left their S3 objects, read through the filesystem default). A variable set in the command's shell still wins: that
 is how an operator changes a fleet on purpose (`RUNFLEET_MAX_DELIVER=5 runfleet streams
 ensure`, then the runners restarted with it).
 
@@ -36,6 +40,10 @@ from store.url import SQLITE_PREFIX
 FLEET_SETTINGS_FILE = "fleet-settings.json"
 PREFIX = "RUNFLEET_"
 NOT_SHARED = frozenset({"RUNFLEET_DATA", "RUNFLEET_NATS_URL", "RUNFLEET_HTTP_PORT"})
+DATA_LOCATION = frozenset(
+    {"RUNFLEET_STORE_URL", "RUNFLEET_BLOB_URL", "RUNFLEET_S3_ENDPOINT", "RUNFLEET_S3_REGION"}
+)
+"""Kept in the file after `up` stops, and taken while no fleet runs: where the runs are."""
 SECRET = re.compile(r"(TOKEN|PASSWORD|SECRET)$")
 
 
@@ -64,24 +72,32 @@ def write(data: Path, settings: Mapping[str, str]) -> str:
     return text
 
 
-def remove(data: Path, written: str) -> None:
-    """Only what this fleet wrote: anything else belongs to another `up`."""
+def keep_location(data: Path, written: str) -> None:
+    """At `up`'s stop: cut the file down to where the data lives (`DATA_LOCATION`), or remove
+    it when the fleet ran on the defaults. Only what this fleet wrote: anything else belongs to
+    another `up`."""
     path = data / FLEET_SETTINGS_FILE
     with contextlib.suppress(FileNotFoundError):
-        if path.read_text() == written:
+        if path.read_text() != written:
+            return
+        settings = json.loads(written)["settings"]
+        kept = {k: v for k, v in settings.items() if k in DATA_LOCATION}
+        if kept:
+            write(data, kept)
+        else:
             path.unlink()
 
 
 def adopt(environ: MutableMapping[str, str]) -> list[str]:
     """Fill the variables `environ` does not set from the fleet found through `RUNFLEET_DATA`
-    (its `nats.url` says it runs); returns the names taken. Nothing when `RUNFLEET_NATS_URL`
-    names a NATS of its own (that command is not talking to an `up` fleet), or when the file
-    cannot be read — the command then runs on its own settings, as before."""
+    (all of them while its `nats.url` says it runs, only `DATA_LOCATION` otherwise); returns
+    the names taken. Nothing when `RUNFLEET_NATS_URL` names a NATS of its own (that command is
+    not talking to an `up` fleet), or when the file cannot be read — the command then runs on
+    its own settings, as before."""
     if environ.get("RUNFLEET_NATS_URL"):
         return []
     data = Path(environ.get("RUNFLEET_DATA") or ".runfleet")
-    if not (data / NATS_URL_FILE).is_file():
-        return []
+    running = (data / NATS_URL_FILE).is_file()
     try:
         loaded = json.loads((data / FLEET_SETTINGS_FILE).read_text())
         settings = loaded["settings"]
@@ -97,6 +113,7 @@ def adopt(environ: MutableMapping[str, str]) -> list[str]:
             and name.startswith(PREFIX)
             and name not in NOT_SHARED
             and name not in environ
+            and (running or name in DATA_LOCATION)
         ):
             environ[name] = value
             taken.append(name)

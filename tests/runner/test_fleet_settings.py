@@ -68,6 +68,35 @@ def test_nothing_is_taken_without_a_running_fleet_or_with_a_nats_of_ones_own(
     assert fleet_settings.adopt({"RUNFLEET_DATA": str(data)}) == []
 
 
+def test_where_the_data_lives_is_kept_after_the_fleet_stops_and_taken_without_it(
+    tmp_path: Path,
+) -> None:
+    """A `gc` cron job on a stopped S3 fleet read the filesystem default: it deleted the runs
+    and left their S3 objects (ADR-0019 amendment 1)."""
+    data = tmp_path / "data"
+    location = {
+        "RUNFLEET_BLOB_URL": "s3://bucket/fleet",
+        "RUNFLEET_S3_ENDPOINT": "http://127.0.0.1:9000",
+        "RUNFLEET_STORE_URL": "sqlite:////srv/runs.db",
+    }
+    written = _running_fleet(data, {**location, "RUNFLEET_MAX_DELIVER": "3"})
+
+    fleet_settings.keep_location(data, written)  # `up` stops
+    (data / NATS_URL_FILE).unlink()
+
+    environ = {"RUNFLEET_DATA": str(data)}
+    assert sorted(fleet_settings.adopt(environ)) == sorted(location)
+    assert "RUNFLEET_MAX_DELIVER" not in environ  # a fleet's behaviour, not where its data is
+    assert (data / FLEET_SETTINGS_FILE).stat().st_mode & 0o077 == 0
+
+
+def test_a_fleet_on_the_default_locations_leaves_no_file_behind(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    written = _running_fleet(data, {"RUNFLEET_MAX_DELIVER": "3"})
+    fleet_settings.keep_location(data, written)
+    assert not (data / FLEET_SETTINGS_FILE).exists()
+
+
 def test_a_file_that_does_not_parse_is_ignored_and_never_sets_what_is_not_shared(
     tmp_path: Path,
 ) -> None:
@@ -83,12 +112,12 @@ def test_a_file_that_does_not_parse_is_ignored_and_never_sets_what_is_not_shared
     assert environ == {"RUNFLEET_DATA": str(data)}
 
 
-def test_the_fleet_removes_only_the_file_it_wrote(tmp_path: Path) -> None:
+def test_the_fleet_cuts_down_only_the_file_it_wrote(tmp_path: Path) -> None:
     data = tmp_path / "data"
     written = _running_fleet(data, {"RUNFLEET_MAX_DELIVER": "3"})
     other = fleet_settings.write(data, {"RUNFLEET_MAX_DELIVER": "4"})  # another `up` since
 
-    fleet_settings.remove(data, written)
+    fleet_settings.keep_location(data, written)
     assert (data / FLEET_SETTINGS_FILE).read_text() == other
-    fleet_settings.remove(data, other)
+    fleet_settings.keep_location(data, other)
     assert not (data / FLEET_SETTINGS_FILE).exists()
