@@ -7,6 +7,7 @@ delivery side (materialise, seed, templates) lives there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import tempfile
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from store.models import StagedFile, StagedUpload
 from store.staging import StagedUploadInvalid, StagedUploadNotFound, StagingStore
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+log = logging.getLogger(__name__)
 
 
 class AttachmentNameInvalid(Refusal, code="attachment_name_invalid"):
@@ -112,8 +114,14 @@ async def promote_for_launch(
     if duplicate:
         raise AttachmentNameInvalid(f"attachment {sorted(duplicate)[0]!r} is given twice")
     check_files(paths, limits, already=len(uploads))
-    for upload_id in uploads.values():
-        await staging.get(upload_id, tenant)
+    for name, upload_id in uploads.items():
+        record = await staging.get(upload_id, tenant)
+        too_big = [f for f in record.files if f.bytes > limits.max_bytes]
+        if too_big:  # an upload staged under a higher limit: refused before any byte moves
+            raise AttachmentTooLarge(
+                f"attachment {name!r} (upload {upload_id}) has {too_big[0].bytes} bytes, over "
+                f"RUNFLEET_ATTACHMENT_MAX_BYTES ({limits.max_bytes})"
+            )
     promoted: list[StagedFile] = []
     staged: StagedUpload | None = None
     try:
@@ -122,7 +130,10 @@ async def promote_for_launch(
             promoted += await staging.promote(staged.id, tenant, run_id)
             staged = None  # promote discarded it
         for name, upload_id in uploads.items():
-            promoted += await staging.promote(upload_id, tenant, run_id, rename=name)
+            # Discarded only once every attachment landed: a failure part-way must not use
+            # up the ids the caller gave (found by a walkthrough: the retry its remedy named
+            # met `upload_not_found`).
+            promoted += await staging.promote(upload_id, tenant, run_id, rename=name, discard=False)
     except RunfleetError as exc:
         for done in promoted:
             with contextlib.suppress(StoreError):
@@ -131,15 +142,11 @@ async def promote_for_launch(
             with contextlib.suppress(StoreError):
                 await staging.discard(staged.id, tenant)
         raise LaunchFailed(f"attachments of the launch could not be promoted: {exc}") from exc
-    too_big = [f for f in promoted if f.bytes > limits.max_bytes]
-    if too_big:  # an upload staged under a higher limit
-        for done in promoted:
-            with contextlib.suppress(StoreError):
-                await blobs.delete(done.key)
-        raise AttachmentTooLarge(
-            f"attachment {too_big[0].name!r} has {too_big[0].bytes} bytes, over "
-            f"RUNFLEET_ATTACHMENT_MAX_BYTES ({limits.max_bytes})"
-        )
+    for upload_id in uploads.values():
+        try:
+            await staging.discard(upload_id, tenant)
+        except StoreError as exc:  # the run has its attachments; the leftover is reaped later
+            log.warning("launched, but staged upload %s was not discarded: %s", upload_id, exc)
     return promoted
 
 

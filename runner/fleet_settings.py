@@ -15,9 +15,9 @@ set. Where the data lives (`DATA_LOCATION`: the store, the blob store and its S3
 a property of the data dir, not of a running fleet: when `up` stops it cuts the file down to
 those, and a command run while no fleet runs (`runs`, `status`, `gc`, `upload`) still reads the
 same store and blobs (ADR-0019 amendment 1: a `gc` cron job on a stopped S3 fleet deleted the
-runs and left their S3 objects, read through the filesystem default). A variable set in the command's shell still wins: that
-is how an operator changes a fleet on purpose (`RUNFLEET_MAX_DELIVER=5 runfleet streams
-ensure`, then the runners restarted with it).
+runs and left their S3 objects, read through the filesystem default). A variable set in the
+command's shell still wins: that is how an operator changes a fleet on purpose
+(`RUNFLEET_MAX_DELIVER=5 runfleet streams ensure`, then the runners restarted with it).
 
 Not shared: `RUNFLEET_DATA` and `RUNFLEET_NATS_URL` (how the fleet is found), a runner's own
 `RUNFLEET_HTTP_PORT`, and secrets (`*_TOKEN`, `*_PASSWORD`, `*_SECRET`): the console and the

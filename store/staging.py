@@ -132,12 +132,20 @@ class StagingStore:
                 return reaped
 
     async def promote(
-        self, upload_id: str, tenant: str, run_id: str, *, rename: str | None = None
+        self,
+        upload_id: str,
+        tenant: str,
+        run_id: str,
+        *,
+        rename: str | None = None,
+        discard: bool = True,
     ) -> list[StagedFile]:
-        """Copy the upload's bytes to `runs/<run_id>/attachments/<name>` and discard the upload.
-        Returns the files with their new keys. On failure the copies are removed and the upload
-        is left as it was. `rename` gives a one-file upload the attachment name the launch
-        chose (`--attach name=upload:ID`)."""
+        """Copy the upload's bytes to `runs/<run_id>/attachments/<name>` and discard the upload
+        (unless `discard=False`: a caller promoting several uploads discards them once all
+        landed, so a failure part-way leaves every upload id usable for a retry). Returns the
+        files with their new keys. On failure the copies are removed and the upload is left as
+        it was. `rename` gives a one-file upload the attachment name the launch chose
+        (`--attach name=upload:ID`)."""
         try:
             validate_segment(run_id, what="run id")
             if rename is not None:
@@ -171,6 +179,8 @@ class StagingStore:
             raise
         finally:
             await asyncio.to_thread(shutil.rmtree, workdir, True)
+        if not discard:
+            return promoted
         try:
             await self._discard(record)
         except StoreError as exc:

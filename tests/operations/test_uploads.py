@@ -196,6 +196,43 @@ async def test_a_launch_whose_promotion_fails_queues_nothing(
 
 
 @STORES
+async def test_a_failed_launch_leaves_every_upload_id_it_was_given_for_a_retry(
+    att_env: Env, tmp_path: Path
+) -> None:
+    """Found by a walkthrough: each upload was discarded as it was promoted, so a failure on
+    a later one (or the size check after them) used up the earlier ids, and the retry the
+    remedy named met `upload_not_found`."""
+    good = await upload_ops.upload(att_env, _file(tmp_path, "good.txt", b"good"))
+    bad = await upload_ops.upload(att_env, _file(tmp_path, "bad.txt", b"bad"))
+    await att_env.blobs.delete(bad.files[0].key)  # its bytes are lost
+
+    with pytest.raises(LaunchFailed):
+        await ops.launch(
+            att_env, example("hello.yaml"), {}, attach_uploads={"a": good.id, "b": bad.id}
+        )
+    assert await att_env.blobs.list("runs/") == []
+
+    run = await ops.launch(att_env, example("hello.yaml"), {}, attach_uploads={"a": good.id})
+    assert [a.name for a in run.attachments] == ["a"]
+    assert await att_env.blobs.get_bytes(run.attachments[0].key) == b"good"
+
+
+@STORES
+async def test_an_upload_over_the_launchs_limit_is_refused_before_any_byte_moves_and_kept(
+    att_env: Env, tmp_path: Path
+) -> None:
+    staged = await upload_ops.upload(att_env, _file(tmp_path, "big.bin", b"x" * 11))
+    env = _limited(att_env, attachment_max_bytes=10)  # the launching shell's lower limit
+
+    with pytest.raises(AttachmentTooLarge, match=r"'big'.*RUNFLEET_ATTACHMENT_MAX_BYTES \(10\)"):
+        await ops.launch(env, example("hello.yaml"), {}, attach_uploads={"big": staged.id})
+    assert await att_env.blobs.list("runs/") == []
+
+    run = await ops.launch(att_env, example("hello.yaml"), {}, attach_uploads={"big": staged.id})
+    assert [a.bytes for a in run.attachments] == [11]  # the id was left for the retry
+
+
+@STORES
 async def test_an_unknown_upload_id_is_refused_upload_not_found_before_any_byte_moves(
     att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames
 ) -> None:
