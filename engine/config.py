@@ -44,6 +44,11 @@ class EngineSettings(RunfleetSettings):
         json_schema_extra={"accepted": "a positive size such as 2GiB, 1GB or plain bytes"},
     )
     output_cap: Size = Field(default=1024 * 1024, ge=1, description="a node's stored output")
+    output_spill_max: Size = Field(
+        default=64 * 1024 * 1024,
+        ge=1,
+        description="the largest tool output spilled to the blob store (held in memory once)",
+    )
     lease_ttl: Duration = timedelta(seconds=30)
     lease_interval: Duration = timedelta(seconds=10)
     lease_skew: Duration = timedelta(seconds=2)

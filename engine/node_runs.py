@@ -133,13 +133,17 @@ class NodeRuns:
             try:
                 if self.run_doc.attachments:  # delivered, or refused, before the node renders
                     await self._ensure_sandbox()
+                # With a blob store an output over the cap spills (SPEC §2), so stdout is
+                # captured up to the spill bound; without one, up to the cap itself.
+                spills = self.blobs is not None
                 return await run_tool(
                     node_id,
                     node,
                     scope,
                     self._ensure_sandbox,
                     self.events,
-                    self.settings.output_cap,
+                    self.settings.output_spill_max if spills else self.settings.output_cap,
+                    limit_name="RUNFLEET_OUTPUT_SPILL_MAX" if spills else "RUNFLEET_OUTPUT_CAP",
                 )
             except SandboxError as exc:
                 if isinstance(exc, SandboxLost):  # SPEC §7.2: said, then the node fails at once

@@ -89,6 +89,8 @@ async def run_tool(
     sandbox: SandboxProvider,
     events: EventLog,
     output_cap: int,
+    *,
+    limit_name: str = "RUNFLEET_OUTPUT_CAP",
 ) -> NodeResult:
     try:
         command = render(node.run, scope, shell=True)
@@ -128,7 +130,8 @@ async def run_tool(
         return NodeFailed(FailureCode.TOOL_FAILED_PERMANENT, _tool_error(node_id, result))
     if overflow:
         return NodeFailed(
-            FailureCode.OUTPUT_TOO_LARGE, f"{node_id}: stdout exceeds {output_cap} bytes"
+            FailureCode.OUTPUT_TOO_LARGE,
+            f"{node_id}: stdout exceeds {output_cap} bytes ({limit_name})",
         )
     text = bytes(captured).decode("utf-8", errors="replace")
     if node.output == "json":

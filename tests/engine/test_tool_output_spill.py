@@ -1,0 +1,84 @@
+"""A tool node's stdout over the output cap spills to the blob store (SPEC §2: "larger outputs
+spill to the blob store"), as a `call` node's does. Found by a walkthrough: stdout was captured
+only up to the cap, so a tool's big output failed `OUTPUT_TOO_LARGE` although a blob store was
+there to take it. Bounded still: past `RUNFLEET_OUTPUT_SPILL_MAX` it fails, naming the setting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from engine.cancel import CancelSignal
+from engine.config import EngineSettings
+from engine.execution import Execution
+from engine.failures import FailureCode
+from engine.loader import load_workflow_file
+from engine.outcome import Failed, Finished, Outcome
+from engine.sandbox.local import LocalSandboxDriver
+from store import RunStore
+from store.blobs_fs import FilesystemBlobStore
+from tests.engine.conftest import claim_new
+
+CAP = 64
+BIG = 300
+TOOL = f"""\
+name: big-tool
+entry: big
+nodes:
+  big:
+    kind: tool
+    run: head -c {BIG} /dev/zero | tr '\\0' a
+"""
+
+
+async def _run(
+    store: RunStore, tmp_path: Path, blobs: FilesystemBlobStore | None, spill_max: int
+) -> tuple[Outcome, str]:
+    path = tmp_path / "big.yaml"
+    path.write_text(TOOL)
+    run, token = await claim_new(store, load_workflow_file(path))
+    execution = Execution(
+        store=store,
+        run=run,
+        token=token,
+        driver=LocalSandboxDriver(tmp_path / "data"),
+        settings=EngineSettings(output_cap=CAP, output_spill_max=spill_max),
+        cancel=CancelSignal(),
+        data_dir=tmp_path / "data",
+        blobs=blobs,
+    )
+    try:
+        return await asyncio.wait_for(execution.run(), 30), run.run_id
+    finally:
+        await execution.teardown()
+
+
+async def test_a_tool_output_over_the_cap_spills_to_the_blob_store(
+    store: RunStore, tmp_path: Path
+) -> None:
+    blobs = FilesystemBlobStore(tmp_path / "blobs")
+    outcome, run_id = await _run(store, tmp_path, blobs, spill_max=1024)
+    assert isinstance(outcome, Finished), outcome
+    stored = (await store.get_run(run_id)).checkpoint
+    assert stored is not None
+    spilled = stored.outputs["big"]
+    assert spilled["$blob"] == f"runs/{run_id}/outputs/big/0"
+    assert json.loads(await blobs.get_bytes(spilled["$blob"])) == "a" * BIG
+
+
+async def test_a_tool_output_over_the_spill_bound_fails_naming_it(
+    store: RunStore, tmp_path: Path
+) -> None:
+    blobs = FilesystemBlobStore(tmp_path / "blobs")
+    outcome, _ = await _run(store, tmp_path, blobs, spill_max=BIG - 1)
+    assert isinstance(outcome, Failed) and outcome.code is FailureCode.OUTPUT_TOO_LARGE
+    assert "RUNFLEET_OUTPUT_SPILL_MAX" in outcome.error
+
+
+async def test_without_a_blob_store_a_tool_output_over_the_cap_fails_naming_the_cap(
+    store: RunStore, tmp_path: Path
+) -> None:
+    outcome, _ = await _run(store, tmp_path, None, spill_max=1024)
+    assert isinstance(outcome, Failed) and outcome.code is FailureCode.OUTPUT_TOO_LARGE
+    assert "RUNFLEET_OUTPUT_CAP" in outcome.error
