@@ -29,6 +29,7 @@ from runner.admission import SETTLED
 from runner.services import RunnerServices
 from store import (
     CasConflict,
+    DocumentInvalid,
     Eq,
     LeaseFree,
     RunDocument,
@@ -116,6 +117,9 @@ class Backstop:
             return "bad_advisory"
         try:
             verdict, delay = await self.settle(seq)
+        except DocumentInvalid as exc:  # an answer, not an outage: recorded, never naked forever
+            log.error("backstop: seq %s names a run whose document does not validate: %s", seq, exc)
+            verdict, delay = await self._internal_error(seq, exc)
         except StoreError as exc:
             log.warning("backstop: store unavailable for seq %s (%s)", seq, exc)
             verdict, delay = "store_error", TRANSIENT_NAK

@@ -33,7 +33,7 @@ from runner.lease import HeldLease
 from runner.metrics import status_label
 from runner.repair import repair_status_event
 from runner.services import RunnerServices
-from store import CasConflict, RunDocument, RunNotFound, StoreError, utcnow
+from store import CasConflict, DocumentInvalid, RunDocument, RunNotFound, StoreError, utcnow
 from store.staging import StagedUploadInvalid, StagedUploadNotFound
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,18 @@ async def _handle(svc: RunnerServices, delivery: Delivery) -> None:
     for _ in range(svc.settings.claim_retries + 1):
         try:
             claimed = await _admit(svc, delivery, message)
+        except DocumentInvalid as exc:
+            # The store answered, with a run that does not validate: no outage to wait out,
+            # and naking it forever (as a store error) hid it from everyone (an on-call
+            # walkthrough). Said loudly, retried on the transient ladder in case someone mends
+            # it, and recorded at the last delivery, replayable once the document is fixed.
+            log.error("run %s: its stored document does not validate: %s", message.run_id, exc)
+            if delivery.info.is_last:
+                detail = f"the stored run does not validate: {exc.message}"
+                await dead_letter(svc, delivery, message, "internal_error", detail)
+            else:
+                await _nak_transient(svc, delivery, "run_invalid")
+            return
         except StoreError as exc:
             # A store outage is never an outcome and never a DLQ record (SPEC v2.2 §5.1).
             log.warning("run %s: store unreachable at admission (%s)", message.run_id, exc)

@@ -48,6 +48,7 @@ from store.protocols import (
     RunPage,
     RunQuery,
     RunStore,
+    Unreadable,
 )
 from store.timeutil import UtcDatetime, utcnow
 
@@ -94,6 +95,7 @@ __all__ = [
     "StoreCorrupt",
     "StoreError",
     "StoreUnavailable",
+    "Unreadable",
     "UnwritablePath",
     "Update",
     "UtcDatetime",

@@ -18,6 +18,9 @@ def encode(model: BaseModel) -> dict[str, Any]:
     return stored
 
 
+INVALID_REMEDY = "inspect the record; runfleet never rewrites an invalid record by itself"
+
+
 def decode(cls: type[M], raw: Any, *, what: str, ident: str) -> M:
     """Validate a stored record; a record that fails is a `DocumentInvalid` naming its id."""
     if isinstance(raw, dict) and "_id" in raw:
@@ -29,5 +32,5 @@ def decode(cls: type[M], raw: Any, *, what: str, ident: str) -> M:
         field = ".".join(str(p) for p in first["loc"])
         raise DocumentInvalid(
             f"stored {what} {ident!r} fails validation at {field!r}: {first['msg']}",
-            remedy="inspect the record; runfleet never rewrites an invalid record by itself",
+            remedy=INVALID_REMEDY,
         ) from exc

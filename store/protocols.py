@@ -10,7 +10,7 @@ after it and repaired by re-running the action that wrote them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -85,10 +85,21 @@ class EventDraft:
 
 
 @dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A listed run whose stored document does not validate (`DocumentInvalid`): named, so one
+    bad row never hides every other run from a listing (an on-call walkthrough's finding)."""
+
+    run_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunPage:
     runs: list[RunDocument]
     next_after: str | None
     """Pass as `after_run_id` for the next page; None on the last page."""
+    unreadable: list[Unreadable] = field(default_factory=list)
+    """Rows of this page that did not validate, left out of `runs` (they count for `limit`)."""
 
 
 @dataclass(frozen=True, slots=True)

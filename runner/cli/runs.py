@@ -27,12 +27,13 @@ from runner.cli.options import (
     read_answers_file,
 )
 from runner.cli.runtime import command, json_option
-from runner.cli.tables import runs_table
+from runner.cli.tables import runs_table, shown
 from runner.cli.uploads import parse_attach
 from runner.cli.views import cancel_line, echo_json, echo_run, event_line, run_view
 from runner.operations import open_env
 from runner.operations.retry_wait import waiting_retry
 from store import Event, RunDocument, RunStatus, utcnow
+from store.codec import INVALID_REMEDY
 
 RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.CANCELLED})
 """How `runfleet run` can end that a CI job must see as a failure (exit 5, SPEC §10 v2.2), and
@@ -313,11 +314,22 @@ async def runs_cmd(
             limit=limit,
             newest_first=True,
         )
+    unreadable = [{"run_id": u.run_id, "error": u.error} for u in page.unreadable]
     if as_json:
-        echo_json({"runs": [run_view(r) for r in page.runs], "next_after": page.next_after})
+        echo_json(
+            {
+                "runs": [run_view(r) for r in page.runs],
+                "next_after": page.next_after,
+                "unreadable": unreadable,
+            }
+        )
         return
     for line in runs_table(page.runs, utcnow()):
         click.echo(line)
+    for bad in page.unreadable:  # named, never a reason to show no run at all
+        click.echo(f"unreadable  {shown(bad.run_id)}: {shown(bad.error)}")
+    if page.unreadable:
+        click.echo(f"  remedy: {INVALID_REMEDY}")
     if page.next_after:
         click.echo(f"(more: --after {page.next_after})")
 

@@ -31,6 +31,7 @@ from runner.console.models import (
     RunPage,
     Timeline,
     TimelineItem,
+    UnreadableOut,
 )
 from runner.console.routing import Call, Param, Reply, Route, invalid, owned_run
 from runner.console.sse import stream
@@ -129,7 +130,11 @@ async def list_runs(call: Call) -> RunPage:
         limit=call.query_int("limit", 50, 1, 10_000),
         newest_first=True,
     )
-    return RunPage(runs=[RunOut.of(r) for r in page.runs], next_after=page.next_after)
+    return RunPage(
+        runs=[RunOut.of(r) for r in page.runs],
+        next_after=page.next_after,
+        unreadable=[UnreadableOut(run_id=u.run_id, error=u.error) for u in page.unreadable],
+    )
 
 
 async def events(call: Call) -> EventPage:

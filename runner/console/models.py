@@ -125,9 +125,18 @@ class RunOut(BaseModel):
         )
 
 
+class UnreadableOut(BaseModel):
+    run_id: str
+    error: str = Field(description="why its stored document does not validate")
+
+
 class RunPage(BaseModel):
     runs: list[RunOut]
     next_after: str | None = Field(description="pass as `after` for the next page")
+    unreadable: list[UnreadableOut] = Field(
+        default_factory=list,
+        description="runs of this page whose stored document does not validate, left out",
+    )
 
 
 class LaunchRequest(_Request):

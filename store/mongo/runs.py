@@ -28,12 +28,12 @@ from store.cas import (
     to_storage,
 )
 from store.codec import decode, encode
-from store.errors import RunAlreadyExists, RunNotFound
+from store.errors import DocumentInvalid, RunAlreadyExists, RunNotFound
 from store.models import RunDocument, RunStatus
 from store.mongo.connection import Doc
 from store.mongo.events import MongoEvents
 from store.mongo.records import MongoRecords
-from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery
+from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery, Unreadable
 from store.timeutil import to_ms, utcnow
 
 _CAS_TRIES = 50
@@ -212,9 +212,16 @@ class MongoRunStore(MongoEvents, MongoRecords):
     async def list_runs(self, query: RunQuery) -> RunPage:
         flt, order = _filter(query)
         raws = await self._find("list runs", self._runs, flt, [("_id", order)], query.limit)
-        runs = [self._run(raw) for raw in raws]
-        full = query.limit > 0 and len(runs) == query.limit
-        return RunPage(runs=runs, next_after=runs[-1].run_id if full else None)
+        runs: list[RunDocument] = []
+        unreadable: list[Unreadable] = []
+        for raw in raws:
+            try:
+                runs.append(self._run(raw))
+            except DocumentInvalid as exc:
+                unreadable.append(Unreadable(str(raw.get("_id")), exc.message))
+        full = query.limit > 0 and len(raws) == query.limit
+        last = str(raws[-1]["_id"]) if raws else None
+        return RunPage(runs=runs, next_after=last if full else None, unreadable=unreadable)
 
     async def list_run_copies(self, query: RunQuery) -> RunCopyPage:
         """A projection of the three fields: the server sends no documents."""

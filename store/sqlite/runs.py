@@ -32,9 +32,9 @@ from store.cas import (
     narrow_write,
 )
 from store.codec import decode, encode
-from store.errors import RunAlreadyExists, RunfleetError, RunNotFound
+from store.errors import DocumentInvalid, RunAlreadyExists, RunfleetError, RunNotFound
 from store.models import RunDocument, RunStatus
-from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery
+from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery, Unreadable
 from store.sqlite.events import SqliteEvents, append_drafts
 from store.sqlite.records import SqliteRecords
 from store.sqlite.schema import (
@@ -351,9 +351,15 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
         rows = await self._read(
             lambda c: c.execute(f"SELECT run_id, doc FROM runs{where}", args).fetchall()
         )
-        runs = [_run(d, r) for r, d in rows]
-        next_after = runs[-1].run_id if len(runs) == query.limit and runs else None
-        return RunPage(runs=runs, next_after=next_after)
+        runs: list[RunDocument] = []
+        unreadable: list[Unreadable] = []
+        for run_id, text in rows:
+            try:
+                runs.append(_run(text, run_id))
+            except DocumentInvalid as exc:
+                unreadable.append(Unreadable(run_id, exc.message))
+        next_after = rows[-1][0] if len(rows) == query.limit and rows else None
+        return RunPage(runs=runs, next_after=next_after, unreadable=unreadable)
 
     async def list_run_copies(self, query: RunQuery) -> RunCopyPage:
         """SQLite's `json_extract` reads the three fields in C (one parse per row, cached

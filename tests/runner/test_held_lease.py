@@ -21,6 +21,7 @@ from runner.sweeper import Sweeper
 from store import (
     CasConflict,
     Condition,
+    DocumentInvalid,
     Eq,
     RunDocument,
     RunStatus,
@@ -69,9 +70,16 @@ class Seam:
         self.on_update: Callable[[str, Update], Exception | None] = lambda _r, _u: None
         self.after_update: Callable[[str, Update, RunDocument | CasConflict], Any] | None = None
         self.on_append: Callable[[str], Exception | None] = lambda _t: None
+        self.on_get: Callable[[str], Exception | None] = lambda _r: None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    async def get_run(self, run_id: str, *args: Any, **kwargs: Any) -> RunDocument:
+        error = self.on_get(run_id)
+        if error is not None:
+            raise error
+        return await self.inner.get_run(run_id, *args, **kwargs)
 
     async def update_run(
         self, run_id: str, conditions: list[Condition], update: Update, **kw: Any
@@ -459,6 +467,28 @@ async def test_store_error_from_the_claim_naks_with_the_transient_delay_and_writ
     assert not await has_record(fleet, seq)
     assert deliveries(runner, "dlq", "internal_error") == 0
     assert (await fleet.store.get_run(run.run_id)).status is S.QUEUED
+
+
+async def test_a_run_whose_document_does_not_validate_is_dead_lettered_not_naked_forever(
+    small_fleet: Fleet,
+) -> None:
+    """The store answered, with a document that does not validate: not an outage. It was naked
+    as `store_unreachable` on every delivery and then by the backstop every 5 s, forever, with
+    nothing recorded (an on-call walkthrough). Now: naked on the transient ladder, then a
+    replayable `internal_error` record at the last delivery, which names the cause."""
+    fleet = small_fleet
+    assert isinstance(fleet.store, SqliteRunStore)
+    seam = Seam(fleet.store)  # the runner's reads only: the launch writes through the store
+    seam.on_get = lambda r: DocumentInvalid(f"stored run {r!r} fails validation at 'attempt'")
+    runner = await start_on(fleet, seam)
+    run = await fleet.launch(workflow("hello").source)
+    seq = run.publication.stream_seq if run.publication else 0
+    await eventually(lambda: has_record(fleet, seq))
+    record = await fleet.dlq.get(seq)
+    assert (record.reason, record.replayable) == ("internal_error", True)
+    assert record.detail is not None and "does not validate" in record.detail
+    assert deliveries(runner, "nak", "run_invalid") == 1  # max_deliver 2: one nak, then the record
+    assert deliveries(runner, "nak", "store_unreachable") == 0
 
 
 async def _naks(runner: Runner, reason: str, n: int) -> bool:

@@ -551,6 +551,31 @@ async def test_stored_document_failing_validation_raises_document_invalid_and_is
     assert await store_backend.get_raw_run(run_id) == raw
 
 
+async def test_a_listing_names_a_run_that_does_not_validate_and_lists_every_other(
+    run_store: RunStore, make_run: MakeRun, store_backend: Backend
+):
+    """One bad row made `runfleet runs` (and the API's list, a 500) show no run at all."""
+    before = await run_store.create_run(make_run())
+    raw = encode(make_run())
+    raw["attempt"] = "not-a-number"
+    await store_backend.put_raw_run(raw)
+    after = await run_store.create_run(make_run())
+
+    page = await run_store.list_runs(RunQuery(tenant="default"))
+    assert [r.run_id for r in page.runs] == [before.run_id, after.run_id]
+    (bad,) = page.unreadable
+    assert bad.run_id == raw["run_id"] and "attempt" in bad.error
+
+    # The bad row counts for the page: paging goes on past it.
+    first = await run_store.list_runs(RunQuery(tenant="default", limit=2))
+    assert [r.run_id for r in first.runs] == [before.run_id]
+    assert first.next_after == raw["run_id"]
+    rest = await run_store.list_runs(
+        RunQuery(tenant="default", limit=2, after_run_id=first.next_after)
+    )
+    assert [r.run_id for r in rest.runs] == [after.run_id] and rest.unreadable == []
+
+
 # -- queries -----------------------------------------------------------------------------------
 
 
