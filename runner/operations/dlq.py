@@ -21,7 +21,7 @@ from publisher.wire import RunMessage, decode
 from runner.operations.env import Env
 from runner.operations.errors import is_unreachable
 from runner.operations.models import RecordDetail, ReplayOutcome, ReplayReport
-from store import RunDocument, RunfleetError, RunNotFound, RunStatus, utcnow
+from store import BlobNotFound, RunDocument, RunfleetError, RunNotFound, RunStatus, utcnow
 from store.events import all_events
 
 _EVENTS_PAGE = 10_000
@@ -80,13 +80,19 @@ async def select_records(
 async def show_record(env: Env, record_id: int) -> RecordDetail:
     async with env.dlq() as dlq:
         record = await dlq.get(record_id)
-        body = await dlq.body(record)
         message: RunMessage | None = None
         undecodable: str | None = None
         try:
-            message = decode(body, record.headers)
-        except (MalformedMessage, UnsupportedSchema) as exc:
-            undecodable = exc.message
+            body = await dlq.body(record)
+        except BlobNotFound as exc:
+            # The record still says what died and why, and can be replayed or purged: a lost
+            # body blob must not hide it (an on-call walkthrough: exit 1, API 500).
+            body, undecodable = b"", f"the body is missing from the blob store: {exc.message}"
+        else:
+            try:
+                message = decode(body, record.headers)
+            except (MalformedMessage, UnsupportedSchema) as exc:
+                undecodable = exc.message
         run: RunDocument | None = None
         if record.run_id:
             try:

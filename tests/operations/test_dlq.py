@@ -91,6 +91,27 @@ async def test_show_record_decodes_the_body_where_it_can_and_reads_the_run(
         await ops.show_record(env, 24)
 
 
+async def test_show_record_whose_body_blob_is_lost_still_shows_the_record_and_its_run(
+    env: Env, nats_conn: Nats, names: WireNames
+) -> None:
+    """A body over 256 KiB lives in the blob store; when that blob is gone the record still
+    says what died and why (an on-call walkthrough: `dlq show` exit 1, the API a 500)."""
+    dlq = DlqStore(nats_conn.js, names, env.blobs)
+    run = await parked(env)
+    big = b"x" * (300 * 1024)
+    record = await dlq.put(
+        seq=25, body=big, headers={}, reason="malformed", run_id=run.run_id, replayable=False
+    )
+    assert record.body_key is not None
+    await env.blobs.delete(record.body_key)
+
+    shown = await ops.show_record(env, 25)
+
+    assert (shown.body, shown.message) == (b"", None)
+    assert shown.undecodable and "missing from the blob store" in shown.undecodable
+    assert shown.run is not None and shown.run.run_id == run.run_id
+
+
 async def test_replay_records_replays_each_and_refuses_per_record(
     env: Env, dlq: DlqStore, nats_conn: Nats, names: WireNames
 ) -> None:
