@@ -73,9 +73,9 @@ class StaleRecord(Refusal, code="stale_record"):
 
 
 class RecordNotReplayable(Refusal, code="record_not_replayable"):
-    """A DLQ record that has no run to resume."""
+    """A DLQ record that has no run to resume, or whose message was refused for itself."""
 
-    remedy = "a record with no run to resume can only be purged (`runfleet dlq purge ID`)"
+    remedy = "purge it (`runfleet dlq purge ID`)"
 
 
 class RecordNotFound(Refusal, code="record_not_found"):

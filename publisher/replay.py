@@ -117,13 +117,26 @@ def replay_refusal(
     `dlq show` says before anyone tries (found by an operator walkthrough: it said
     "replayable yes" for a record whose replay was then refused `stale_record`)."""
     record_id = record.id
-    if not record.replayable or record.run_id is None:
-        return RecordNotReplayable(f"DLQ record {record_id} has no run to resume")
+    purge = f"purge it (`runfleet dlq purge {record_id}`)"
+    if record.run_id is None:
+        return RecordNotReplayable(
+            f"DLQ record {record_id} names no run to resume", remedy=f"it can only be {purge}"
+        )
+    if not record.replayable:
+        # The message itself is the problem (a forged tenant, an attempt ahead of its run):
+        # replaying it would deliver the same refusal again. Its run is judged on its own.
+        why = f"{record.reason}: {record.detail}" if record.detail else record.reason
+        return RecordNotReplayable(
+            f"DLQ record {record_id} is not replayable ({why}); the message, not run"
+            f" {record.run_id}, is what was refused",
+            remedy=f"{purge}; resume run {record.run_id} itself if it should run again",
+        )
     if run is None:
         # Its run was collected (or is not this tenant's): nothing to resume, and the remedy
         # is the record's own — purge it — not "check the run id".
         return RecordNotReplayable(
-            f"DLQ record {record_id}: its run {record.run_id} is not in the store"
+            f"DLQ record {record_id}: its run {record.run_id} is not in the store",
+            remedy=f"it can only be {purge}",
         )
     stage = replay_stage(run, record_id)
     if stage is ReplayStage.OVERTAKEN:

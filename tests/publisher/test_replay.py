@@ -19,6 +19,7 @@ from publisher import (
     Publisher,
     PublishFailed,
     RecordNotFound,
+    RecordNotReplayable,
     RunMessage,
     StaleRecord,
     WireNames,
@@ -255,4 +256,30 @@ async def test_a_replay_of_a_parked_run_an_operator_cancelled_since_is_refused_s
 
     assert (await run_store.get_run(run.run_id)).status is RunStatus.CANCELLED
     assert await stream_count(nats_conn.js, names) == 0
+    assert await record_kept(publisher)
+
+
+async def test_a_refused_message_naming_a_live_run_is_not_replayable_for_its_own_reason(
+    publisher: Publisher, run_store: RunStore
+) -> None:
+    """A forged tenant's record names a real, paused run: "has no run to resume" sat right
+    under the line showing that run (an on-call walkthrough). The refusal now gives the
+    record's reason and says the run itself can be resumed."""
+    run = await put_run(run_store, status=RunStatus.PAUSED_WAITING_HUMAN)
+    await dlq_of(publisher).put(
+        seq=RECORD,
+        body=b"{}",
+        headers={},
+        reason="tenant_mismatch",
+        detail="message tenant 'evil' is not the run's",
+        run_id=run.run_id,
+        attempt=1,
+        replayable=False,
+    )
+    with pytest.raises(RecordNotReplayable) as refused:
+        await publisher.replay(RECORD, tenant="default")
+    assert "tenant_mismatch: message tenant 'evil'" in refused.value.message
+    assert "no run to resume" not in refused.value.message
+    remedy = refused.value.remedy or ""
+    assert f"runfleet dlq purge {RECORD}" in remedy and f"resume run {run.run_id}" in remedy
     assert await record_kept(publisher)
