@@ -103,7 +103,8 @@ def _retried(first: RunDocument, loaded: LoadedWorkflow, body: LaunchRequest) ->
 
 async def status(call: Call) -> RunOut:
     doc = await owned_run(call, call.path("run_id"))
-    return RunOut.of(doc, await waiting_retry(call.env, doc))
+    parked = await ops.parked_record_id(call.env, doc)  # as `runfleet status` shows it
+    return RunOut.of(doc, await waiting_retry(call.env, doc), parked)
 
 
 async def list_runs(call: Call) -> RunPage:

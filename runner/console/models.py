@@ -90,9 +90,16 @@ class RunOut(BaseModel):
         default_factory=list,
         description="the files the run holds: name, filename, bytes, sha256, key (SPEC §8)",
     )
+    dlq_record: int | None = Field(
+        default=None,
+        description="the DLQ record a DLQ_PARKED run waits on: its way back is"
+        " POST /dlq/replay with its id (set by GET /runs/{id} only)",
+    )
 
     @classmethod
-    def of(cls, doc: RunDocument, retry: RetryWait | None = None) -> RunOut:
+    def of(
+        cls, doc: RunDocument, retry: RetryWait | None = None, dlq_record: int | None = None
+    ) -> RunOut:
         cp = doc.checkpoint
         pending = cp.pending_interaction if cp else None
         prompt = None
@@ -122,6 +129,7 @@ class RunOut(BaseModel):
             retry=retry.to_dict() if retry else None,
             usage=cp.usage.model_dump(mode="json") if cp else None,
             attachments=[a.model_dump(mode="json") for a in doc.attachments],
+            dlq_record=dlq_record,
         )
 
 

@@ -37,6 +37,27 @@ async def test_dlq_list_show_replay_and_purge_act_on_the_callers_records(api: Ap
     assert [r.id for r in await dlq.list()] == []
 
 
+async def test_a_parked_runs_status_names_the_record_it_waits_on_as_the_cli_does(
+    api: Api,
+) -> None:
+    """`runfleet status --json` had `dlq_record`; the API's run did not (an on-call walkthrough),
+    so a service could not find a parked run's way back."""
+    run = await parked(api.env)
+    await record_for(api.fleet.dlq, run, 31)
+    await api.env.store.append_event(
+        run.run_id,
+        "run_dlq_parked",
+        {"reason": "retries_exhausted", "record_id": 31},
+        attempt=run.attempt,
+    )
+    template = "/api/v1/runs/{run_id}"
+    status, shown, _ = await api.call("GET", f"/api/v1/runs/{run.run_id}", template=template)
+    assert status == 200 and shown["dlq_record"] == 31
+    await api.fleet.dlq.delete(31)  # purged: the way back is a resume, and no id is offered
+    _, again, _ = await api.call("GET", f"/api/v1/runs/{run.run_id}", template=template)
+    assert again["dlq_record"] is None
+
+
 async def test_a_replay_that_replays_nothing_answers_the_refusals_status_not_200(
     api: Api,
 ) -> None:
