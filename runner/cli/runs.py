@@ -32,7 +32,7 @@ from runner.cli.uploads import parse_attach
 from runner.cli.views import cancel_line, echo_json, echo_run, event_line, run_view
 from runner.operations import open_env
 from runner.operations.retry_wait import waiting_retry
-from store import Event, RunDocument, RunStatus, utcnow
+from store import Event, RunDocument, RunfleetError, RunStatus, utcnow
 from store.codec import INVALID_REMEDY
 
 RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.CANCELLED})
@@ -352,8 +352,19 @@ async def events_cmd(
       runfleet events 01a2321e-d5 --follow
     """
     if deliveries:
-        await _timeline(run_id, after, follow, as_json)
-        return
+        try:
+            await _timeline(run_id, after, follow, as_json)
+            return
+        except RunfleetError as exc:
+            if not ops.is_unreachable(exc) or follow:
+                raise
+            # The delivery log lives on NATS; the events are in the store, which a stopped
+            # fleet still serves: show those and say what is missing (an on-call walkthrough
+            # found the whole history withheld for want of the log).
+            click.echo(
+                f"note: the delivery log is not shown: {exc.message}; the run's events follow",
+                err=True,
+            )
     collected: list[Event] = []
     async with open_env(create_store=False) as env:
         async for events in ops.event_batches(env, run_id, after=after, follow=follow):
