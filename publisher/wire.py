@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from publisher.errors import MalformedMessage, UnsupportedSchema
 from store import Budget, Consents, UtcDatetime
@@ -102,10 +102,19 @@ class RunMessage(BaseModel):
     v: Literal[1] = 1
     run_id: str = Field(min_length=1)
     tenant: str = Field(min_length=1)
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, strict=True)
     kind: MessageKind
     published_at: UtcDatetime
     resume: ResumeCopy | None = None
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _v_is_a_number(cls, value: Any) -> Any:
+        """JSON `true` is not schema 1 (lax validation took it for 1: an on-call walkthrough
+        saw a `{"v": true}` body acked as `settled`); `attempt` is strict for the same reason."""
+        if isinstance(value, bool):
+            raise ValueError("v must be the number 1")
+        return value
 
 
 def msg_id(run_id: str, attempt: int, sweep: int | None = None) -> str:
@@ -136,6 +145,11 @@ def decode(data: bytes, headers: dict[str, str] | None = None) -> RunMessage:
     transient ladder instead of the DLQ, and in the backstop stop a loop (§13.12)."""
     try:
         raw = json.loads(data)
+    except ValueError as exc:
+        if "int_max_str_digits" in str(exc) or "Exceeds the limit" in str(exc):
+            # JSON after all: Python's int-string limit, whose message advises a Python call.
+            raise MalformedMessage("body holds an integer of more than 4 300 digits") from None
+        raise MalformedMessage(f"body is not JSON: {_describe(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - any parse failure: UTF-8, JSON, int limit, depth
         raise MalformedMessage(f"body is not JSON: {_describe(exc)}") from None
     if not isinstance(raw, dict):

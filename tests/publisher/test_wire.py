@@ -155,6 +155,21 @@ def test_decode_refuses_an_attempt_below_one(attempt: int):
         decode(as_bytes(valid_body(attempt=attempt)))
 
 
+@pytest.mark.parametrize(("field", "value"), [("v", True), ("attempt", True), ("attempt", "2")])
+def test_decode_refuses_a_schema_version_or_attempt_that_is_not_a_json_number(
+    field: str, value: Any
+):
+    """Lax validation read `true` as 1: a `{"v": true}` body was acked as `settled`."""
+    with pytest.raises(MalformedMessage, match=f"at {field}"):
+        decode(as_bytes(valid_body(**{field: value})))
+
+
+def test_decode_names_an_over_long_integer_as_such_not_as_json_that_does_not_parse():
+    with pytest.raises(MalformedMessage) as refused:
+        decode(b'{"v": ' + b"1" * 5000 + b"}")
+    assert refused.value.message == "body holds an integer of more than 4 300 digits"
+
+
 def test_decode_refuses_an_unknown_kind():
     with pytest.raises(MalformedMessage, match="kind"):
         decode(as_bytes(valid_body(kind="teleport")))
