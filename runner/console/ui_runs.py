@@ -266,7 +266,18 @@ async def answer(request: web.Request) -> web.StreamResponse:
     call = call_of(request)
     doc = await owned_run(call, request.match_info["run_id"])
     prompt = RunOut.of(doc).prompt
-    names = [str(q.get("name")) for q in prompt.questions] if prompt else []
+    if prompt is None:
+        # The run stopped waiting after this form was drawn (cancelled or answered in another
+        # tab): its answers are refused, as `resume --answer` refuses them. With no question
+        # to read names from, they used to become a plain resume, which undid the cancel and
+        # dropped the answers (found by an operator walkthrough).
+        _flash(
+            request,
+            f"not answered: answers_invalid: run {doc.run_id} is {doc.status.value}, not waiting"
+            " for answers; nothing was changed",
+        )
+        return redirect(_run_url(doc.run_id))
+    names = [str(q.get("name")) for q in prompt.questions]
     values = {name: form_value(request, f"answer.{name}") for name in names}
     given = {name: value for name, value in values.items() if value.strip() != ""}
     files = set(file_questions(doc))

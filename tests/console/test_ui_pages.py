@@ -376,6 +376,32 @@ async def test_console_a_file_question_is_answered_by_an_upload_id_never_a_serve
     assert done.checkpoint.outputs["show_doc"] == "answered by upload"
 
 
+async def test_console_answers_to_a_run_cancelled_since_the_form_was_drawn_change_nothing(
+    api: Api,
+) -> None:
+    """Found by an operator walkthrough: a form drawn while the run waited, submitted after
+    another tab cancelled it, became a plain resume (no question left to read the answer
+    names from): the cancel was undone and the answers dropped."""
+    run_id = await paused_on_a_file_question(api)
+    await log_in(api.client, OP_A)
+    csrf = await csrf_of(api.client, f"/ui/runs/{run_id}")  # the form, drawn while it waits
+    await api.call("POST", f"/api/v1/runs/{run_id}/cancel", template="/api/v1/runs/{run_id}/cancel")
+    assert (await api.env.store.get_run(run_id)).status == "cancelled"
+
+    resp = await api.client.post(
+        f"/ui/runs/{run_id}/answer",
+        data={"csrf": csrf, "answer.doc": "anything"},
+        allow_redirects=True,
+    )
+
+    html = await resp.text()
+    assert resp.status == 200 and "not answered: answers_invalid" in html
+    doc = await api.env.store.get_run(run_id)
+    assert doc.status == "cancelled"  # the cancel stands
+    events = [e.type for e in await api.env.store.read_events(run_id)]
+    assert "run_resumed" not in events
+
+
 async def test_console_a_duration_too_large_to_represent_is_a_400_page(api: Api) -> None:
     """`1e300` seconds would overflow `now - since` or a raised cap: the filter's or the
     form's 400, never a 500 page."""
