@@ -26,7 +26,7 @@ from engine.vars import resolve_vars
 from runner.delivery_log import DeliveryEntry, read_deliveries
 from runner.operations import uploads
 from runner.operations.env import Env
-from runner.operations.ordering import queued_before_claimed
+from runner.operations.ordering import queued_before_claimed, reading_times
 from runner.operations.retry_wait import will_retry
 from runner.operations.run_ids import resolve_run_id
 from store import (
@@ -191,13 +191,18 @@ def merge_timeline(
     """Merge by time, keeping each source's own order (event seq, log sequence): two clocks
     that disagree by a millisecond never reorder a run's events among themselves. The events'
     order is the one people read (`ordering.queued_before_claimed`)."""
-    return list(
-        heapq.merge(
-            (TimelineEntry(e.at, "event", event=e) for e in queued_before_claimed(events)),
-            (TimelineEntry(d.at, "delivery", delivery=d) for d in deliveries),
-            key=lambda t: t.at,
+    ordered = queued_before_claimed(events)
+    return [
+        entry
+        for _, entry in heapq.merge(
+            (
+                (t, TimelineEntry(e.at, "event", event=e))
+                for t, e in zip(reading_times(ordered), ordered, strict=True)
+            ),
+            ((d.at, TimelineEntry(d.at, "delivery", delivery=d)) for d in deliveries),
+            key=lambda pair: pair[0],
         )
-    )
+    ]
 
 
 async def timeline_batches(

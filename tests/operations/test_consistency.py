@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,11 +19,12 @@ from publisher import DlqStore, RecordNotReplayable
 from runner import operations as ops
 from runner.cli.dlq import detail_lines, detail_view, record_view
 from runner.cli.views import run_view
+from runner.delivery_log import DeliveryEntry
 from runner.operations import Env, is_refusal
 from runner.operations.errors import RunIdAmbiguous
 from runner.operations.run_ids import MIN_PREFIX
 from runner.operations.runs import merge_timeline
-from store import Lease, RunNotFound, RunStatus, utcnow
+from store import Event, Lease, RunNotFound, RunStatus, utcnow
 from tests.operations.test_dlq import poison, record_for
 from tests.publisher.conftest import put_run
 
@@ -213,3 +215,44 @@ async def test_the_merged_timeline_also_shows_run_queued_before_its_claim(env: E
         "run_claimed",
         "node_started",
     ]
+
+
+def test_a_quick_resumes_events_and_deliveries_read_in_the_order_they_happened() -> None:
+    """Found by an operator walkthrough: a fleet resume appends `run_resumed` and `run_queued`
+    after its PubAck, and a quick run was claimed and finished first. The timeline read "ack
+    finished" before "run_queued", and "run_resumed" after "run_finished": the moved events
+    broke the merge's sort by time, and `run_resumed` was not moved at all."""
+    t0 = utcnow()
+    kinds = ("run_claimed", "node_started", "run_finished", "run_resumed", "run_queued")
+    events = [
+        Event(run_id="r", seq=n, type=kind, attempt=2, at=t0 + timedelta(milliseconds=10 * n))
+        for n, kind in enumerate(kinds, start=1)
+    ]  # claimed at +10 ms … queued at +50 ms, appended after the PubAck
+
+    def delivery(action: str, reason: str, ms: int) -> DeliveryEntry:
+        when = t0 + timedelta(milliseconds=ms)
+        return DeliveryEntry(
+            run_id="r",
+            stream_seq=16,
+            num_delivered=1,
+            attempt=2,
+            action=action,
+            reason=reason,
+            runner="r",
+            at=when,
+        )
+
+    merged = merge_timeline(
+        events, [delivery("claim", "fresh", 11), delivery("ack", "finished", 31)]
+    )
+
+    shown = [t.event.type if t.event else f"d:{t.delivery.action}" for t in merged]  # type: ignore[union-attr]
+    assert shown == [
+        "run_resumed",
+        "run_queued",
+        "run_claimed",
+        "d:claim",
+        "node_started",
+        "run_finished",
+        "d:ack",
+    ], shown
