@@ -210,10 +210,12 @@ async def run_view(request: web.Request) -> web.Response:
 
 async def run_live(request: web.Request) -> web.StreamResponse:
     """The run's summary, outputs and timeline as they change; its actions too, once its
-    status is no longer the one the page was drawn with (typing in a form is never wiped)."""
+    status or attempt is no longer the one they were drawn with (typing in a form is never
+    wiped). The attempt counts: a run answered elsewhere that asks its next question is
+    `paused_waiting_human` again, and kept the old question's form (an operator walkthrough)."""
     call = call_of(request)
     doc = await owned_run(call, request.match_info["run_id"])
-    drawn_with = request.query.get("status", "")
+    drawn = {"with": request.query.get("status", "")}  # `status:attempt`
     events: list[Event] = []
     logged: list[DeliveryEntry] = []
     cursor = {"event": 0, "log": 0}
@@ -235,7 +237,9 @@ async def run_live(request: web.Request) -> web.StreamResponse:
                 logged.extend(entry for _, entry in more)
             context = await _context(request, now)
             out = _run_fragments(request, context, merge_timeline(events, logged))
-            if now.status.value != drawn_with:
+            state = f"{now.status.value}:{now.attempt}"
+            if state != drawn["with"]:
+                drawn["with"] = state  # sent once per change, then left to the person typing
                 out["actions"] = fragment(
                     "_actions.html",
                     viewer=viewer(request),

@@ -22,7 +22,7 @@ from publisher.errors import NatsUnavailable
 from runner.console import Principal, TokenBook, create_app, ui_runs
 from runner.console.pages import loopback_host
 from runner.delivery_log import read_deliveries
-from store import Checkpoint, RunStatus, StagedFile
+from store import Checkpoint, RunStatus, StagedFile, Update
 from tests.console.conftest import OP_A, OP_B, READ_A, TOKENS, Api
 from tests.console.test_api_errors import raw_http
 from tests.console.test_api_uploads import paused_on_a_file_question, upload
@@ -462,6 +462,20 @@ async def test_console_live_run_page_shows_the_problem_and_keeps_trying_when_nat
         assert "retrying" in problem
         nats_down.clear()
         assert await read_event(resp, "problem", "") == ""  # it kept trying, and it works
+
+
+async def test_console_a_run_asking_again_at_a_new_attempt_gets_its_actions_redrawn(
+    api: Api,
+) -> None:
+    """Answered elsewhere, a run that asks its next question is `paused_waiting_human` again:
+    the page kept the first question's form, since only a change of status redrew it."""
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR, attempt=1)
+    url = f"/ui/runs/{run.run_id}/live?status=paused_operator:1"
+    async with api.client.get(url) as resp:
+        await read_event(resp, "summary", "")  # drawn as the page was: no actions sent
+        await api.env.store.update_run(run.run_id, [], Update(set={"attempt": 2}))
+        actions = await read_event(resp, "actions", "", within=10)
+        assert actions.strip()
 
 
 async def test_console_the_delivery_log_read_raises_the_typed_nats_error(api: Api) -> None:
