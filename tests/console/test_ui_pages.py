@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 
 from publisher import DlqStore
 from publisher.errors import NatsUnavailable
+from runner import operations as ops
 from runner.console import Principal, TokenBook, create_app, ui_runs
 from runner.console.pages import loopback_host
 from runner.delivery_log import read_deliveries
@@ -476,6 +477,25 @@ async def test_console_a_run_asking_again_at_a_new_attempt_gets_its_actions_redr
         await api.env.store.update_run(run.run_id, [], Update(set={"attempt": 2}))
         actions = await read_event(resp, "actions", "", within=10)
         assert actions.strip()
+
+
+async def test_console_a_run_page_opens_with_nats_down_showing_its_events(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run, its questions and its actions are in the store; only the delivery log is on
+    NATS. The page was a 503 during an outage while the API answered the same run."""
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    await api.env.store.append_event(run.run_id, "run_paused", {}, attempt=run.attempt)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise NatsUnavailable("cannot reach NATS at nats://127.0.0.1:1: NoServersError()")
+
+    monkeypatch.setattr(ops, "timeline_batches", down)
+    resp = await api.client.get(f"/ui/runs/{run.run_id}")
+    html = await resp.text()
+    assert resp.status == 200, html[:500]
+    assert "delivery log not shown (nats_unavailable" in html
+    assert 'data-type="run_paused"' in html
 
 
 async def test_console_the_delivery_log_read_raises_the_typed_nats_error(api: Api) -> None:
