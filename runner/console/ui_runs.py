@@ -10,7 +10,7 @@ beside its field.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -322,26 +322,47 @@ async def answer(request: web.Request) -> web.StreamResponse:
     return redirect(_run_url(doc.run_id))
 
 
-def _budget(request: web.Request) -> BudgetRequest:
-    def given(name: str) -> str | None:
-        return form_value(request, name).strip() or None
+_CAPS: dict[str, tuple[str, str, Callable[[str], float]]] = {
+    # form field: (its label on the page, what it accepts, how it reads)
+    "max_duration": (
+        "max duration",
+        f"{DURATION_FORM}, above zero",
+        lambda raw: parse_duration(raw).total_seconds(),
+    ),
+    "max_cost_usd": ("max cost (USD)", "a number from 0 to 10^12", float),
+    "max_iterations": ("max iterations", "a whole number from 1 to 10^9", int),
+}
+_CAP_FIELDS = {"max_duration": "max_duration_s", "max_cost_usd": "max_cost_usd"}
 
-    duration, cost, iterations = (
-        given("max_duration"),
-        given("max_cost_usd"),
-        given("max_iterations"),
-    )
-    try:
-        return BudgetRequest(
-            max_duration_s=parse_duration(duration).total_seconds() if duration else None,
-            max_cost_usd=float(cost) if cost else None,
-            max_iterations=int(iterations) if iterations else None,
-        )
-    except ValueError as exc:  # pydantic's ValidationError is one too
-        raise invalid(
-            f"a raised cap does not read: {str(exc).splitlines()[0]}",
-            f"max duration as {DURATION_FORM}; iterations an integer ≥ 1; cost a number ≥ 0",
-        ) from None
+
+def _budget(request: web.Request) -> BudgetRequest:
+    """The raised caps the resume form gives. A value that does not read, or is out of range,
+    is refused naming the field as the page labels it, what was typed and what is accepted,
+    as the CLI names its flags (SPEC §10 v2.2): never a parser's or validator's own words."""
+    read: dict[str, Any] = {}
+    for name, (label, accepted, parse) in _CAPS.items():
+        raw = form_value(request, name).strip()
+        if not raw:
+            continue
+        why = ""
+        try:
+            value = parse(raw)
+        except (ValueError, OverflowError) as exc:
+            # The duration parser's own words are a person's ("longer than 100 years");
+            # float's and int's ("could not convert string to float") are not.
+            why = f" ({exc})" if name == "max_duration" else ""
+            value = None
+        try:
+            if value is None:
+                raise ValueError(raw)
+            BudgetRequest(**{_CAP_FIELDS.get(name, name): value})
+        except ValueError:  # pydantic's ValidationError is a ValueError
+            raise invalid(
+                f"{label}: {raw[:40]!r} is not accepted{why}: expected {accepted}",
+                f"correct {label} and resume again, or leave it empty to keep the run's cap",
+            ) from None
+        read[_CAP_FIELDS.get(name, name)] = value
+    return BudgetRequest(**read)
 
 
 async def resume(request: web.Request) -> web.StreamResponse:

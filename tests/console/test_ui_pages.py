@@ -419,6 +419,33 @@ async def test_console_a_duration_too_large_to_represent_is_a_400_page(api: Api)
     assert (await api.env.store.get_run(run.run_id)).status is RunStatus.PAUSED_OPERATOR
 
 
+async def test_console_a_raised_cap_that_does_not_read_names_the_field_never_a_parser(
+    api: Api,
+) -> None:
+    """Found by an operator walkthrough: "invalid literal for int() with base 10", "1
+    validation error for BudgetRequest", "could not convert string to float"."""
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    await log_in(api.client, OP_A)
+    for field, raw, label in (
+        ("max_iterations", "abc", "max iterations"),
+        ("max_iterations", "0", "max iterations"),
+        ("max_iterations", "1.5", "max iterations"),
+        ("max_cost_usd", "lots", "max cost (USD)"),
+        ("max_cost_usd", "-1", "max cost (USD)"),
+        ("max_duration", "-5s", "max duration"),
+    ):
+        csrf = await csrf_of(api.client, f"/ui/runs/{run.run_id}")
+        resp = await api.client.post(
+            f"/ui/runs/{run.run_id}/resume", data={"csrf": csrf, field: raw}
+        )
+        html = await resp.text()
+        assert resp.status == 400, (field, raw)
+        assert f"{label}: &#39;{raw}&#39; is not accepted" in html, (field, raw, html[:2000])
+        for internal in ("literal for int", "validation error", "could not convert"):
+            assert internal not in html, (field, raw)
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.PAUSED_OPERATOR
+
+
 async def test_console_a_csrf_token_that_is_not_ascii_is_a_plain_403(api: Api) -> None:
     """`hmac.compare_digest` refuses a str that is not ASCII: the check compares bytes, so a
     form's `csrf=é` is the stale-token 403 like any other wrong token."""
