@@ -105,7 +105,13 @@ async def _runs_fragments(request: web.Request) -> dict[str, str]:
     counts = await call.env.store.status_counts(call.principal.tenant)
     return {
         "counts": fragment("_counts.html", counts={str(k): v for k, v in counts.items()}),
-        "runs": fragment("_runs_rows.html", runs=listed.runs, unreadable=listed.unreadable),
+        "runs": fragment(
+            "_runs_rows.html",
+            runs=listed.runs,
+            unreadable=listed.unreadable,
+            more=listed.next_after,  # the page is full: say so, never stop without a word
+            shown=RUNS_SHOWN,
+        ),
     }
 
 

@@ -248,6 +248,18 @@ async def read_event(resp: Any, name: str, needle: str, within: float = 20.0) ->
     raise AssertionError(f"the stream ended without {name!r} containing {needle!r}")
 
 
+async def test_console_a_full_runs_page_says_more_runs_exist_and_how_to_page_on(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list stopped at 100 rows without a word while the counts said more were there."""
+    monkeypatch.setattr(ui_runs, "RUNS_SHOWN", 2)
+    runs = [await put_run(api.env.store, status=RunStatus.FINISHED) for _ in range(3)]
+    status, html = await get_html(api.client, "/ui/runs")
+    assert status == 200
+    assert "the newest 2 shown" in html
+    assert f"runfleet runs --after {runs[1].run_id}" in html  # newest first: 2 then 1
+
+
 async def test_console_live_runs_stream_sends_a_run_created_after_it_opened(api: Api) -> None:
     async with api.client.get("/ui/runs/live") as resp:
         assert resp.headers["Content-Type"] == "text/event-stream"
