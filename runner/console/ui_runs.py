@@ -38,6 +38,7 @@ from runner.operations.retry_wait import waiting_retry
 from runner.operations.runs import TimelineEntry, merge_timeline
 from store import Event, RunDocument, RunfleetError, RunStatus
 from store.settings import DURATION_FORM
+from store.staging import StagedUploadNotFound
 from store.timeutil import parse_duration
 
 RUNS_SHOWN = 100
@@ -311,9 +312,18 @@ async def answer(request: web.Request) -> web.StreamResponse:
         # A file question is answered with a staged upload's id, as over the API: never a
         # path, which the operations would read from this server's disk (found by review:
         # `answer.doc=@/path` pulled a server file into the caller's run).
-        uploaded = await file_answers(
-            call, doc, {name: {"upload": given[name].strip()} for name in files & set(given)}
-        )
+        uploaded: dict[str, Any] = {}
+        for name in sorted(files & set(given)):
+            try:
+                uploaded |= await file_answers(call, doc, {name: {"upload": given[name].strip()}})
+            except StagedUploadNotFound as exc:
+                # Beside its field, the form kept (docs/console.md): an unknown id used to
+                # replace the page with a 404 and lose every answer typed.
+                errors = {
+                    name: f"{exc.code}: {exc.message} — stage the file first"
+                    " (`runfleet upload FILE` prints its id)"
+                }
+                return await run_page(request, errors=errors, values=values, status=422)
         typed = {name: value for name, value in given.items() if name not in files}
         request_ = ResumeRequest(answers=uploaded, cli_answers=typed)
         done = await ops.resume(call.env, doc.run_id, request_)

@@ -389,6 +389,26 @@ async def test_console_a_file_question_is_answered_by_an_upload_id_never_a_serve
     assert done.checkpoint.outputs["show_doc"] == "answered by upload"
 
 
+async def test_console_an_unknown_upload_id_is_refused_beside_its_field_keeping_the_form(
+    api: Api,
+) -> None:
+    """It replaced the page with a 404 and lost every answer typed (docs/console.md: shown
+    beside its field, and the form keeps what was typed)."""
+    run_id = await paused_on_a_file_question(api)
+    await log_in(api.client, OP_A)
+    csrf = await csrf_of(api.client, f"/ui/runs/{run_id}")
+    resp = await api.client.post(
+        f"/ui/runs/{run_id}/answer",
+        data={"csrf": csrf, "answer.doc": "no-such-upload"},
+        allow_redirects=False,
+    )
+    html = await resp.text()
+    assert resp.status == 422, html[:500]
+    assert "upload_not_found" in html and "runfleet upload FILE" in html
+    assert 'value="no-such-upload"' in html  # what was typed is still in the form
+    assert (await api.env.store.get_run(run_id)).status == "paused_waiting_human"
+
+
 async def test_console_answers_to_a_run_cancelled_since_the_form_was_drawn_change_nothing(
     api: Api,
 ) -> None:
