@@ -17,6 +17,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from publisher.errors import RecordNotFound
+from publisher.replay import replay_refusal
 from runner import operations as ops
 from runner.console import dlq_api
 from runner.console.models import MAX_SEQ, DlqSelection
@@ -37,7 +38,9 @@ BODY_SHOWN = 20_000
 
 async def dlq_page(request: web.Request) -> web.Response:
     call = call_of(request)
-    reason = request.query.get("reason") or None
+    # A reason the fleet never writes is the API's 400, not an empty page offering to
+    # "replay every record with reason bogus" (an operator walkthrough).
+    reason = dlq_api.parse_reason(request.query.get("reason") or None)
     older_than = request.query.get("older_than") or None
     records = await ops.list_records(
         call.env, reason=reason, older_than=dlq_api.parse_older_than(older_than)
@@ -68,9 +71,11 @@ async def record_page(request: web.Request) -> web.Response:
         raise RecordNotFound(f"no DLQ record {record_id}")
     run = detail.run if detail.run and detail.run.tenant == call.principal.tenant else None
     decoded: Any = detail.message.model_dump(mode="json") if detail.message else None
+    refusal = replay_refusal(detail.record, detail.run)  # as `dlq replay` would judge it
     return page(
         request,
         "dlq_record.html",
+        refusal=refusal,
         record=detail.record,
         decoded=json.dumps(decoded, indent=2) if decoded is not None else None,
         undecodable=detail.undecodable,

@@ -208,16 +208,16 @@ async def test_console_dlq_pages_show_and_replay_only_the_viewers_tenants_record
     dlq = DlqStore(api.fleet.js, api.fleet.names, api.fleet.blobs)
     body = b'{"v": 1}'
     for seq, run in ((41, mine), (42, theirs)):
-        await dlq.put(seq=seq, body=body, headers={}, reason="stuck", run_id=run.run_id)
+        await dlq.put(seq=seq, body=body, headers={}, reason="max_deliveries", run_id=run.run_id)
     await log_in(api.client, OP_A)
-    status, html = await get_html(api.client, "/ui/dlq?reason=stuck")
+    status, html = await get_html(api.client, "/ui/dlq?reason=max_deliveries")
     assert status == 200 and 'data-record="41"' in html and 'data-record="42"' not in html
     status, _ = await get_html(api.client, "/ui/dlq/42")
     assert status == 404
 
-    csrf = await csrf_of(api.client, "/ui/dlq?reason=stuck")
+    csrf = await csrf_of(api.client, "/ui/dlq?reason=max_deliveries")
     resp = await api.client.post(
-        "/ui/dlq/purge", data={"csrf": csrf, "all": "yes", "reason": "stuck"}
+        "/ui/dlq/purge", data={"csrf": csrf, "all": "yes", "reason": "max_deliveries"}
     )
     text = await resp.text()
     assert resp.status == 200 and 'data-record="41"' in text and 'data-record="42"' not in text
@@ -277,12 +277,21 @@ async def test_console_dlq_bulk_replay_by_reason_replays_every_record_with_it(ap
             api.env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED"
         )
         runs.append(run)
-        await dlq.put(seq=seq, body=b"{}", headers={}, reason="bulk", run_id=run.run_id, attempt=1)
-    await dlq.put(seq=53, body=b"{}", headers={}, reason="other", run_id=runs[0].run_id)
+        await dlq.put(
+            seq=seq,
+            body=b"{}",
+            headers={},
+            reason="retries_exhausted",
+            run_id=run.run_id,
+            attempt=1,
+        )
+    await dlq.put(seq=53, body=b"{}", headers={}, reason="internal_error", run_id=runs[0].run_id)
     await log_in(api.client, OP_A)
-    csrf = await csrf_of(api.client, "/ui/dlq?reason=bulk")
+    csrf = await csrf_of(api.client, "/ui/dlq?reason=retries_exhausted")
     resp = await api.client.post(
-        "/ui/dlq/replay", data={"csrf": csrf, "all": "yes", "reason": "bulk"}, allow_redirects=False
+        "/ui/dlq/replay",
+        data={"csrf": csrf, "all": "yes", "reason": "retries_exhausted"},
+        allow_redirects=False,
     )
     assert resp.status == 303, await resp.text()
     _, flash = await get_html(api.client, resp.headers["Location"])
@@ -290,6 +299,28 @@ async def test_console_dlq_bulk_replay_by_reason_replays_every_record_with_it(ap
         assert f"record {seq} → run {run.run_id[:13]} queued" in flash
         assert (await api.env.store.get_run(run.run_id)).status is RunStatus.QUEUED
     assert {r.id for r in await dlq.list()} == {53}
+
+
+async def test_console_dlq_filter_by_an_unknown_reason_is_a_400_naming_the_reasons(
+    api: Api,
+) -> None:
+    """It showed an empty list offering to "replay every record with reason bogus"."""
+    await log_in(api.client, OP_A)
+    status, html = await get_html(api.client, "/ui/dlq?reason=bogus")
+    assert status == 400 and "invalid_request" in html and "retries_exhausted" in html
+
+
+async def test_console_a_record_whose_replay_would_be_refused_says_why_and_offers_no_replay(
+    api: Api,
+) -> None:
+    """It said "replayable no" beside an active replay button whose click was refused."""
+    dlq = DlqStore(api.fleet.js, api.fleet.names, api.fleet.blobs)
+    await dlq.put(seq=61, body=b"\xff", headers={}, reason="malformed", replayable=False)
+    await log_in(api.client, OP_A)
+    status, html = await get_html(api.client, "/ui/dlq/61")
+    assert status == 200
+    assert "no: record_not_replayable" in html
+    assert re.search(r'<button type="submit" disabled[^>]*>replay</button>', html), html[-1500:]
 
 
 def test_console_templates_and_assets_ship_in_the_package() -> None:
