@@ -145,7 +145,13 @@ async def _context(request: web.Request, doc: RunDocument) -> dict[str, Any]:
     call = call_of(request)
     retry = await waiting_retry(call.env, doc)
     out = RunOut.of(doc, retry)
-    completed = list(doc.checkpoint.completed) if doc.checkpoint else []
+    # The nodes a rewind accepts (engine/rewind.py's "reached"): the completed ones and the
+    # node a resume restarts at — a failed node is where "fix, rewind, resume" starts, and was
+    # not offered (an operator walkthrough).
+    cp = doc.checkpoint
+    completed = list(cp.completed) if cp else []
+    if cp is not None and cp.restart_node and cp.restart_node not in completed:
+        completed.append(cp.restart_node)
     return {
         "run": doc,
         "out": out,

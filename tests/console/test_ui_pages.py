@@ -323,6 +323,23 @@ async def test_console_a_record_whose_replay_would_be_refused_says_why_and_offer
     assert re.search(r'<button type="submit" disabled[^>]*>replay</button>', html), html[-1500:]
 
 
+async def test_console_offers_a_rewind_to_the_failed_node_not_only_to_completed_ones(
+    api: Api,
+) -> None:
+    """ "fix, rewind to the node, resume" (TOOL_FAILED_PERMANENT's advice) needs the failed
+    node: the page offered only completed ones, while `runfleet rewind --node` took it."""
+    run = await put_run(
+        api.env.store,
+        status=RunStatus.FAILED,
+        failure_code="TOOL_FAILED_PERMANENT",
+        checkpoint=Checkpoint(completed=["a"], restart_node="b", progress=1),
+    )
+    await log_in(api.client, OP_A)
+    status, html = await get_html(api.client, f"/ui/runs/{run.run_id}")
+    assert status == 200
+    assert "<option>a</option><option>b</option>" in html, html[-3000:]
+
+
 def test_console_templates_and_assets_ship_in_the_package() -> None:
     """Every template and vendored asset matches the package-data globs: an installed console
     has its pages (SPEC v2.2 §10b: the assets ship inside the package)."""
