@@ -289,6 +289,16 @@ def _run_url(run_id: str) -> str:
     return f"/ui/runs/{run_id}"
 
 
+def _queued_line(what: str, done: RunDocument) -> str:
+    """`answered: attempt 2 queued`, or what became of it already: "queued (finished)" read as
+    a contradiction, and a budget preflight that parks the run again is no queueing at all."""
+    if done.status is RunStatus.QUEUED:
+        return f"{what}: attempt {done.attempt} queued"
+    if done.status is RunStatus.PAUSED_OPERATOR:
+        return f"{what}, and parked again: {done.error or done.failure_code or 'paused_operator'}"
+    return f"{what}: attempt {done.attempt} queued, and already {done.status.value}"
+
+
 def _flash(request: web.Request, message: str) -> None:
     viewer(request).session.say(message)
 
@@ -340,7 +350,7 @@ async def answer(request: web.Request) -> web.StreamResponse:
         text = f"{exc.code}: {exc.message} — {exc.remedy}"
         errors = {name: text for name in exc.missing}
         return await run_page(request, errors=errors, values=values, status=422)
-    _flash(request, f"answered: attempt {done.attempt} queued ({done.status.value})")
+    _flash(request, _queued_line("answered", done))
     return redirect(_run_url(doc.run_id))
 
 
@@ -397,7 +407,7 @@ async def resume(request: web.Request) -> web.StreamResponse:
         budget=_budget(request).to_budget(),
     )
     done = await ops.resume(call.env, doc.run_id, req)
-    _flash(request, f"resumed: attempt {done.attempt} queued ({done.status.value})")
+    _flash(request, _queued_line("resumed", done))
     return redirect(_run_url(doc.run_id))
 
 
@@ -406,7 +416,10 @@ async def cancel(request: web.Request) -> web.StreamResponse:
     call = call_of(request)
     doc = await owned_run(call, request.match_info["run_id"])
     done = await ops.cancel(call.env, doc.run_id)
-    _flash(request, f"cancel: the run is {done.status.value}")
+    if done.status is RunStatus.CANCELLED:
+        _flash(request, "cancelled")
+    else:  # running: only requested, as `runfleet cancel` says (its status alone hides it)
+        _flash(request, "cancel requested: the runner checkpoints and stops; this page shows when")
     return redirect(_run_url(doc.run_id))
 
 

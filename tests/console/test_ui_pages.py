@@ -9,6 +9,7 @@ import asyncio
 import fnmatch
 import re
 import tomllib
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +24,7 @@ from runner import operations as ops
 from runner.console import Principal, TokenBook, create_app, ui_runs
 from runner.console.pages import loopback_host
 from runner.delivery_log import read_deliveries
-from store import Checkpoint, RunStatus, StagedFile, Update
+from store import Checkpoint, Lease, RunStatus, StagedFile, Update, utcnow
 from tests.console.conftest import OP_A, OP_B, READ_A, TOKENS, Api
 from tests.console.test_api_errors import raw_http
 from tests.console.test_api_uploads import paused_on_a_file_question, upload
@@ -338,6 +339,18 @@ async def test_console_offers_a_rewind_to_the_failed_node_not_only_to_completed_
     status, html = await get_html(api.client, f"/ui/runs/{run.run_id}")
     assert status == 200
     assert "<option>a</option><option>b</option>" in html, html[-3000:]
+
+
+async def test_console_cancel_of_a_running_run_says_it_is_only_requested(api: Api) -> None:
+    """ "cancel: the run is running" read as a cancel that did nothing."""
+    held = Lease(owner="r:1", token="t", attempt=1, expires_at=utcnow() + timedelta(minutes=5))
+    run = await put_run(api.env.store, status=RunStatus.RUNNING, lease=held)
+    await log_in(api.client, OP_A)
+    csrf = await csrf_of(api.client, f"/ui/runs/{run.run_id}")
+    resp = await api.client.post(f"/ui/runs/{run.run_id}/cancel", data={"csrf": csrf})
+    html = await resp.text()
+    assert resp.status == 200 and "cancel requested: the runner checkpoints and stops" in html
+    assert (await api.env.store.get_run(run.run_id)).cancel_requested
 
 
 def test_console_templates_and_assets_ship_in_the_package() -> None:

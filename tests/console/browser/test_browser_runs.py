@@ -152,7 +152,7 @@ def test_browser_cancel_resume_and_rewind_from_the_run_page(
     status = operator.locator("#run-status")
 
     operator.click("#cancel-form button")
-    expect(operator.locator("#flash")).to_contain_text("cancel: the run is cancelled")
+    expect(operator.locator("#flash")).to_contain_text("cancelled")
     expect(status).to_have_text("cancelled")
 
     operator.fill("#resume-form input[name=max_iterations]", "50")
