@@ -105,6 +105,10 @@ class S3BlobStore:
         self.list_page_size = list_page_size
         self._session = session if session is not None else aioboto3.Session()
         self._config = AioConfig(
+            # SigV4 everywhere: botocore presigns with SigV2 in us-east-1 by default, which
+            # buckets made since 2020, SSE-KMS objects and most S3-compatibles refuse (found by
+            # a walkthrough: `{{ attachments.x.url }}` carried `AWSAccessKeyId=&Signature=`).
+            signature_version="s3v4",
             retries={"max_attempts": max_attempts, "mode": "standard"},
             connect_timeout=10,
             read_timeout=60,

@@ -364,6 +364,8 @@ async def test_attachment_url_renders_a_presigned_s3_url_that_reads_the_bytes(
             scope = attachments.template_scope(run, "copy", tmp_path, in_sandbox=False, urls=urls)
             url = render("{{ attachments.spec.url }}", {"attachments": scope}, shell=False)
             assert url.startswith("http") and "Expires" in url
+            # SigV4, also in us-east-1, where botocore's default presign is SigV2
+            assert "X-Amz-Signature=" in url and "AWSAccessKeyId=" not in url, url
             assert await asyncio.to_thread(_fetch, url) == SPEC_BYTES
         finally:
             await blobs.close()
