@@ -388,7 +388,25 @@ class S3BlobStore:
             return StoreUnavailable(
                 f"S3 at {self.endpoint} failed while {what} in {where}: {code}: {message}"
             )
-        return StoreError(f"S3 refused {what} in {where}: {code or status}: {message}")
+        if code in _DENIED or status in (401, 403):
+            return StoreError(
+                f"S3 refused {what} in {where}: {code or status}: {message}",
+                remedy="check the credentials this shell gives S3 (AWS_ACCESS_KEY_ID /"
+                " AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the pod's role; they are never shared"
+                " through fleet-settings.json) and that they may read and write"
+                f" s3://{self.bucket}/{self.prefix}",
+            )
+        return StoreError(
+            f"S3 refused {what} in {where}: {code or status}: {message}",
+            remedy="read the S3 error above; RUNFLEET_BLOB_URL, RUNFLEET_S3_ENDPOINT and"
+            " RUNFLEET_S3_REGION say where the blobs are",
+        )
+
+
+_DENIED = frozenset(
+    {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+)
+"""Refusals of the caller's credentials or rights: said with where credentials come from."""
 
 
 def _code(exc: Any) -> str:

@@ -106,3 +106,23 @@ def test_credentials_in_an_s3_url_are_refused_and_redacted() -> None:
         open_blob_store("s3://key:hunter2@bucket/p", env={})
     assert "hunter2" not in caught.value.message
     assert "credential" in caught.value.message
+
+
+def test_an_s3_credentials_refusal_says_where_the_credentials_come_from() -> None:
+    """Found by a walkthrough: wrong keys were `store_error` with no remedy at all."""
+    from botocore.exceptions import ClientError
+
+    from store.blobs_s3 import S3BlobStore
+
+    blobs = S3BlobStore("bkt", "fleet", endpoint_url="http://127.0.0.1:1", region="us-east-1")
+    refused = ClientError(
+        {
+            "Error": {"Code": "InvalidAccessKeyId", "Message": "The key does not exist"},
+            "ResponseMetadata": {"HTTPStatusCode": 403},
+        },
+        "PutObject",
+    )
+    error = blobs._client_error(refused, "writing 'k'", "k", "s3://bkt/fleet")
+    assert "InvalidAccessKeyId" in error.message
+    assert error.remedy is not None and "AWS_ACCESS_KEY_ID" in error.remedy
+    assert "s3://bkt/fleet" in error.remedy
