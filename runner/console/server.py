@@ -37,7 +37,8 @@ DEFAULT_PORT = 8470
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 SHUTDOWN_S = 5.0
 """How long a stop waits for open requests (a followed event stream never ends by itself)."""
-OPEN_PATHS = frozenset({"/healthz", "/"})
+OPEN_PATHS = frozenset({"/healthz", "/", "/ui", "/favicon.ico"})
+"""Served without a token: health, and the ways into the console (which has its own login)."""
 UI_PREFIX = "/ui"
 """The console's pages: a browser has no bearer header, so they authenticate by their own
 session cookie and CSRF token (`pages`, `ui_auth`)."""
@@ -165,6 +166,10 @@ async def home(request: web.Request) -> web.StreamResponse:
     return web.Response(status=303, headers={"Location": f"{UI_PREFIX}/runs"})
 
 
+async def no_icon(request: web.Request) -> web.Response:
+    return web.Response(status=204)
+
+
 def create_app(
     env: Env,
     tokens: TokenBook,
@@ -186,6 +191,8 @@ def create_app(
     app[OPENAPI] = document(ROUTES)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/", home)
+    app.router.add_get(UI_PREFIX, home)  # `/ui` answered the API's 401 JSON
+    app.router.add_get("/favicon.ico", no_icon)  # browsers ask on every page: not a 401
     app.add_subapp(UI_PREFIX, create_ui(tokens, open_reads=open_reads))
     app.router.add_get("/openapi.json", openapi_json)
     for route in ROUTES:

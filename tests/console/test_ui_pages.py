@@ -353,6 +353,15 @@ async def test_console_cancel_of_a_running_run_says_it_is_only_requested(api: Ap
     assert (await api.env.store.get_run(run.run_id)).cancel_requested
 
 
+async def test_console_ui_without_its_slash_and_the_favicon_are_not_the_apis_401(
+    api: Api,
+) -> None:
+    resp = await api.client.get("/ui", allow_redirects=False)
+    assert resp.status == 303 and resp.headers["Location"] == "/ui/runs"
+    resp = await api.client.get("/favicon.ico")
+    assert resp.status == 204
+
+
 def test_console_templates_and_assets_ship_in_the_package() -> None:
     """Every template and vendored asset matches the package-data globs: an installed console
     has its pages (SPEC v2.2 §10b: the assets ship inside the package)."""
