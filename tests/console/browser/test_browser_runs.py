@@ -176,3 +176,17 @@ def test_browser_cancel_resume_and_rewind_from_the_run_page(
     expect(status).to_have_text("finished")
     run = console.run(run_id)
     assert (run["attempt"], run["outputs"]["record"]) == (4, {"total": 2})
+
+
+def test_browser_a_live_page_says_when_the_console_server_stops_answering(
+    operator: Page, console: Console
+) -> None:
+    """A page whose server was gone kept saying "live" (an operator walkthrough): its live
+    stream failing now shows a banner, which goes once the stream flows again."""
+    gone = operator.locator("#server-gone")
+    operator.route("**/ui/runs/live*", lambda route: route.abort())
+    operator.goto("/ui/runs")
+    expect(gone).to_be_visible(timeout=15_000)
+    expect(gone).to_contain_text("not answering")
+    operator.unroute("**/ui/runs/live*")
+    expect(gone).to_be_hidden(timeout=30_000)  # the extension reconnects by itself
