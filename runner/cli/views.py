@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from runner.operations.retry_wait import RetryWait
-from store import Event, RunDocument, RunStatus
+from store import Event, RunDocument, RunStatus, utcnow
 from store.timeutil import iso_z
 
 
@@ -118,6 +118,12 @@ def echo_run(
         )
     if v["restart_node"]:
         click.echo(f"at node   {v['restart_node']}")
+    if doc.lease is not None and doc.status is RunStatus.RUNNING:
+        # Who holds it, and until when: after a runner is SIGKILLed the run stays `running`
+        # under that runner's lease until it lapses, which the status alone did not say.
+        left = (doc.lease.expires_at - utcnow()).total_seconds()
+        until = f"expires in {left:.0f}s" if left > 0 else f"lapsed {-left:.0f}s ago"
+        click.echo(f"lease     {doc.lease.owner}, {until} (renewed while it runs)")
     if v["prompt"]:
         if v["prompt"]["message"]:
             click.echo(f"asks      {v['prompt']['message']}")
