@@ -92,7 +92,7 @@ TEMPLATES = jinja2.Environment(
 TEMPLATES.filters["age"] = _age
 TEMPLATES.filters["cap"] = _cap
 TEMPLATES.filters["compact"] = _compact
-TEMPLATES.filters["dt"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S") if d else "-"
+TEMPLATES.filters["dt"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S UTC") if d else "-"
 
 
 def fragment(name: str, **context: Any) -> str:

@@ -339,6 +339,7 @@ async def test_console_offers_a_rewind_to_the_failed_node_not_only_to_completed_
     status, html = await get_html(api.client, f"/ui/runs/{run.run_id}")
     assert status == 200
     assert "<option>a</option><option>b</option>" in html, html[-3000:]
+    assert '<dd id="at-node">b <small>' in html  # where a resume starts, as `status` says
 
 
 async def test_console_cancel_of_a_running_run_says_it_is_only_requested(api: Api) -> None:
