@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -197,8 +198,16 @@ def _anonymous(request: web.Request) -> Principal:
     return Principal(request.config_dict[ENV].tenant, "read")
 
 
+_RUN_ACTION = re.compile(r"^/ui/runs/([^/]+)/[a-z_]+$")
+
+
 def _error_page(request: web.Request, status: int, error: dict[str, object]) -> web.Response:
-    return page(request, "error.html", status=status, error=error)
+    """A refusal's page, with the way back to where the person was: a refused action on a run
+    (`/ui/runs/RUN/resume`) links that run's page, whose address a reload can take without
+    posting again (found by an operator walkthrough: only "runs · DLQ" was offered)."""
+    found = _RUN_ACTION.match(request.path) if request.method == "POST" else None
+    back = f"/ui/runs/{found.group(1)}" if found else None
+    return page(request, "error.html", status=status, error=error, back=back)
 
 
 @web.middleware
