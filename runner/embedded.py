@@ -146,6 +146,14 @@ class NatsWatch:
     """While the server is down: when it is started again."""
 
 
+def next_backoff(previous_s: float, started_at: float, now: float) -> float:
+    """The delay before a dead process (a runner, `up`'s nats-server) is started again: none
+    after a long life, doubling from 1 s up to `MAX_BACKOFF_S` after quick deaths in a row."""
+    if now - started_at >= QUICK_EXIT_S:
+        return 0.0
+    return min(MAX_BACKOFF_S, max(1.0, previous_s * 2))
+
+
 def describe_exit(code: int | None) -> str:
     """`exit 2`, or `killed by SIGKILL` for a process a signal ended (a negative status)."""
     if code is None:
@@ -335,8 +343,7 @@ class EmbeddedFleet:
             return
         now = time.monotonic()
         if watch.restart_at is None:
-            quick = now - watch.started_at < QUICK_EXIT_S
-            watch.backoff_s = min(MAX_BACKOFF_S, max(1.0, watch.backoff_s * 2)) if quick else 0.0
+            watch.backoff_s = next_backoff(watch.backoff_s, watch.started_at, now)
             watch.restart_at = now + watch.backoff_s
             watch.last_exit = describe_exit(server.exit_code)
             log.warning(
@@ -360,8 +367,7 @@ class EmbeddedFleet:
         log.warning("nats-server restarted on port %s (restarts %d)", server.port, watch.restarts)
 
     def _note_exit(self, rp: RunnerProcess, code: int, now: float) -> None:
-        quick = now - rp.started_at < QUICK_EXIT_S
-        rp.backoff_s = min(MAX_BACKOFF_S, max(1.0, rp.backoff_s * 2)) if quick else 0.0
+        rp.backoff_s = next_backoff(rp.backoff_s, rp.started_at, now)
         rp.restart_at = now + rp.backoff_s
         error = _last_error(rp.log_path, rp.log_offset)
         rp.last_exit = describe_exit(code) + (f" {error}" if error else "")
