@@ -125,8 +125,10 @@ async def promote_for_launch(
     promoted: list[StagedFile] = []
     staged: StagedUpload | None = None
     try:
-        if paths:
-            staged = await staging.stage(tenant, paths)
+        for name, path in paths.items():
+            # One upload per file: an upload holds its files by file name, so two paths with
+            # the same name (`a=x/data.csv`, `b=y/data.csv`) could not share one.
+            staged = await staging.stage(tenant, {name: path})
             promoted += await staging.promote(staged.id, tenant, run_id)
             staged = None  # promote discarded it
         for name, upload_id in uploads.items():

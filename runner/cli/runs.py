@@ -278,7 +278,12 @@ async def status_cmd(run_id: str, as_json: bool) -> None:
     type=click.Choice([s.value for s in RunStatus]),
     help="only runs in this status (repeatable)",
 )
-@click.option("--code", "codes", multiple=True, help="failure code")
+@click.option(
+    "--code",
+    "codes",
+    multiple=True,
+    help="failure code (alone: runs standing on it now, not ones cancelled since)",
+)
 @click.option("--since", type=DURATION, help="created within this duration, e.g. 1h")
 @click.option("--workflow", metavar="NAME", help="only runs of this workflow (its name:)")
 @click.option(

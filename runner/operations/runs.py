@@ -109,6 +109,11 @@ async def get_run(env: Env, run_id: str) -> RunDocument:
     return await env.store.get_run(await resolve_run_id(env, run_id))
 
 
+STOPPED_ON_A_CODE = (RunStatus.FAILED_RESUMABLE, RunStatus.FAILED, RunStatus.PAUSED_OPERATOR)
+"""The statuses whose `failure_code` says why the run stands where it is (a budget pause
+included); in any other status the code is a past one."""
+
+
 async def list_runs(
     env: Env,
     *,
@@ -122,8 +127,15 @@ async def list_runs(
     newest_first: bool = False,
 ) -> RunPage:
     """One page of the tenant's runs, oldest first or `newest_first` (keyset paging on the
-    time-ordered run id; `after` continues in the same direction)."""
+    time-ordered run id; `after` continues in the same direction).
+
+    `failure_codes` without `statuses` means the runs stopped on one of those codes now: a
+    run keeps its last code after a direct cancel or while its resume is queued (`status`
+    shows it as "earlier"), and an operator asking for the `DLQ_PARKED` runs must not be
+    handed the ones already cancelled. Given statuses are taken as they are."""
     tenant = tenant or env.tenant
+    if failure_codes and not statuses:
+        statuses = STOPPED_ON_A_CODE
     return await env.store.list_runs(
         RunQuery(
             statuses=list(statuses),

@@ -75,6 +75,29 @@ async def test_list_runs_filters_by_status_code_and_tenant_and_pages(env: Env) -
     assert [r.tenant for r in other.runs] == ["other"]
 
 
+async def test_list_runs_by_code_alone_lists_runs_stopped_on_it_not_cancelled_since(
+    env: Env,
+) -> None:
+    """`runs --code DLQ_PARKED` listed a parked run an operator had cancelled since (a direct
+    cancel keeps the last code, which `status` shows as "earlier"); with no `--status`, a code
+    means the runs that stand on it now. An explicit status still finds the others."""
+    parked = await put_run(env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED")
+    cancelled = await put_run(
+        env.store, status=RunStatus.FAILED_RESUMABLE, failure_code="DLQ_PARKED"
+    )
+    assert (await ops.cancel(env, cancelled.run_id)).failure_code == "DLQ_PARKED"
+    budget = await put_run(
+        env.store, status=RunStatus.PAUSED_OPERATOR, failure_code="BUDGET_EXCEEDED"
+    )
+
+    by_code = await ops.list_runs(env, failure_codes=["DLQ_PARKED", "BUDGET_EXCEEDED"])
+    assert {r.run_id for r in by_code.runs} == {parked.run_id, budget.run_id}
+    also_cancelled = await ops.list_runs(
+        env, statuses=[RunStatus.CANCELLED], failure_codes=["DLQ_PARKED"]
+    )
+    assert [r.run_id for r in also_cancelled.runs] == [cancelled.run_id]
+
+
 async def test_event_batches_reads_a_runs_events_and_follow_ends_once_it_settled(
     env: Env,
 ) -> None:

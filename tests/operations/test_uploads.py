@@ -118,6 +118,31 @@ async def test_launch_attach_path_and_upload_id_lists_them_on_the_run_document(
 
 
 @STORES
+async def test_launch_attach_two_paths_with_the_same_file_name_holds_both(
+    att_env: Env, tmp_path: Path
+) -> None:
+    """`--attach a=x/data.csv --attach b=y/data.csv`: an upload holds its files by file name,
+    so one shared upload refused the pair (a walkthrough); each path is its own upload now."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    first = _file(tmp_path / "x", "data.csv", b"x-bytes")
+    second = _file(tmp_path / "y", "data.csv", b"y-bytes, longer")
+
+    run = await ops.launch(
+        att_env, example("hello.yaml"), {}, attach_paths={"a": first, "b": second}
+    )
+
+    held = {a.name: a for a in run.attachments}
+    assert {n: (a.filename, a.bytes) for n, a in held.items()} == {
+        "a": ("data.csv", 7),
+        "b": ("data.csv", 15),
+    }
+    assert await att_env.blobs.get_bytes(held["a"].key) == b"x-bytes"
+    assert await att_env.blobs.get_bytes(held["b"].key) == b"y-bytes, longer"
+    assert await att_env.blobs.list("uploads/") == []
+
+
+@STORES
 async def test_a_staged_upload_is_invisible_from_another_tenant_and_so_is_a_promoted_one(
     att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames
 ) -> None:
