@@ -13,7 +13,7 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from store import (
     ResumeSpec,
     RunDocument,
     RunStatus,
+    StagedFile,
     Update,
     WorkflowRef,
     lease_is_free,
@@ -89,16 +90,24 @@ def new_run_id() -> str:
 
 
 async def run_local(
-    env: LocalEnv, loaded: LoadedWorkflow, inputs: dict[str, Any], *, tenant: str = "default"
+    env: LocalEnv,
+    loaded: LoadedWorkflow,
+    inputs: dict[str, Any],
+    *,
+    tenant: str = "default",
+    run_id: str | None = None,
+    attachments: Sequence[StagedFile] = (),
 ) -> RunDocument:
     """Create a `local` run already claimed (create-only, so nothing else can hold it) and
-    execute it to its outcome."""
+    execute it to its outcome. `attachments`: already promoted to `run_id` (SPEC §8), as a
+    launch's are before its run exists."""
     resolve_vars(loaded.workflow, inputs)  # refuse bad --var values before anything is written
     now = utcnow()
     token = uuid.uuid4().hex
     budget = Budget.model_validate(loaded.workflow.budget.model_dump())
     doc = RunDocument(
-        run_id=new_run_id(),
+        run_id=run_id or new_run_id(),
+        attachments=list(attachments),
         tenant=tenant,
         origin=Origin.LOCAL,
         workflow=WorkflowRef(

@@ -174,3 +174,48 @@ def test_a_var_of_the_wrong_type_exits_3_naming_the_var(data: Path) -> None:
     assert error["code"] == "vars_invalid"
     assert "target" in error["message"]
     assert runs_in(data) == []
+
+
+ATTACHED = """\
+name: attached_local
+entry: show
+nodes:
+  show:
+    kind: tool
+    run: cat {{ attachments.a.path }} {{ attachments.b.path }}
+    output: text
+"""
+
+
+def test_run_attach_gives_a_local_run_its_files_as_launch_does(
+    data: Path, tmp_path: Path
+) -> None:
+    """`runfleet run --attach` (a walkthrough found `run` had no way to give a local run a
+    file, although the workflow it develops reads `attachments.*`): the files are promoted to
+    the run as a launch's are, the same file name under two attachment names included."""
+    source = tmp_path / "attached.yaml"
+    source.write_text(ATTACHED)
+    for folder, text in (("x", "first\n"), ("y", "second\n")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "data.csv").write_text(text)
+
+    view = ok_json(
+        runfleet(
+            data,
+            "run",
+            str(source),
+            "--attach",
+            f"a={tmp_path / 'x' / 'data.csv'}",
+            "--attach",
+            f"b={tmp_path / 'y' / 'data.csv'}",
+            "--json",
+        )
+    )
+
+    assert view["status"] == "finished"
+    doc, _ = stored(data, view["run_id"])
+    assert doc.checkpoint is not None and doc.checkpoint.outputs["show"] == "first\nsecond"
+    assert sorted(a.name for a in doc.attachments) == ["a", "b"]
+
+    missing = runfleet(data, "run", str(source), "--attach", "a=/no/such/file")
+    assert missing.returncode == 2 and "no such file" in missing.stderr

@@ -75,21 +75,35 @@ def echo_interrupted(doc: RunDocument, interrupt: LocalInterrupt, *, as_json: bo
     return True
 
 
+ATTACH_OPTION = click.option(
+    "--attach",
+    "attach",
+    multiple=True,
+    metavar="NAME=PATH|NAME=upload:ID",
+    help="give the run a file (SPEC §8)",
+)
+
+
 @click.command("run")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--var", "vars_", multiple=True, metavar="K=V", help="set a workflow var")
+@ATTACH_OPTION
 @click.option("--quiet", is_flag=True, help="no node progress on stderr")
 @json_option
 @command
-async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool) -> None:
+async def run_cmd(
+    file: Path, vars_: tuple[str, ...], attach: tuple[str, ...], quiet: bool, as_json: bool
+) -> None:
     """Execute a workflow in this process (no queue), as a `local` run. Exits 0 when the run
     ends finished or paused, 5 when it ends failed, failed_resumable or cancelled.
 
     \b
     Example:
       runfleet run examples/hello.yaml --var name=Ada
+      runfleet run review.yaml --attach spec=./spec.pdf
     """
     loaded = load_workflow_file(file)
+    paths, uploads = parse_attach(attach)
     async with open_env() as env:
         with stop_on_ctrl_c() as interrupt:
             doc = await ops.run_local(
@@ -98,6 +112,8 @@ async def run_cmd(file: Path, vars_: tuple[str, ...], quiet: bool, as_json: bool
                 parse_pairs(vars_, "--var"),
                 on_event=progress_printer(not quiet and not as_json),
                 interrupt=interrupt,
+                attach_paths=paths,
+                attach_uploads=uploads,
             )
     echo_json(run_view(doc)) if as_json else echo_run(doc)
     echo_interrupted(doc, interrupt, as_json=as_json)
@@ -202,13 +218,7 @@ async def resume_cmd(
 @click.command("launch")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--var", "vars_", multiple=True, metavar="K=V", help="set a workflow var")
-@click.option(
-    "--attach",
-    "attach",
-    multiple=True,
-    metavar="NAME=PATH|NAME=upload:ID",
-    help="give the run a file (SPEC §8)",
-)
+@ATTACH_OPTION
 @json_option
 @command
 async def launch_cmd(

@@ -90,11 +90,29 @@ async def run_local(
     tenant: str | None = None,
     on_event: OnEvent | None = None,
     interrupt: engine_local.LocalInterrupt | None = None,
+    attach_paths: Mapping[str, Path] | None = None,
+    attach_uploads: Mapping[str, str] | None = None,
 ) -> RunDocument:
     """Execute a new `local` run in this process to its outcome (no queue). `interrupt`: a
-    person's stop, which ends the run `cancelled` with its checkpoint and lease released."""
+    person's stop, which ends the run `cancelled` with its checkpoint and lease released.
+    Attachments are promoted to the run id first, as a launch's are (`LaunchFailed` when they
+    cannot be: no run is created)."""
+    tenant = tenant or env.tenant
+    run_id: str | None = None
+    files: list[StagedFile] = []
+    if attach_paths or attach_uploads:
+        resolve_vars(loaded.workflow, inputs)  # a bad var refuses before any byte moves
+        run_id = engine_local.new_run_id()
+        files = await uploads.promote(
+            env, run_id, paths=attach_paths or {}, uploads=attach_uploads or {}, tenant=tenant
+        )
     return await engine_local.run_local(
-        _local(env, on_event, interrupt), loaded, inputs, tenant=tenant or env.tenant
+        _local(env, on_event, interrupt),
+        loaded,
+        inputs,
+        tenant=tenant,
+        run_id=run_id,
+        attachments=files,
     )
 
 
