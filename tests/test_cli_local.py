@@ -187,9 +187,7 @@ nodes:
 """
 
 
-def test_run_attach_gives_a_local_run_its_files_as_launch_does(
-    data: Path, tmp_path: Path
-) -> None:
+def test_run_attach_gives_a_local_run_its_files_as_launch_does(data: Path, tmp_path: Path) -> None:
     """`runfleet run --attach` (a walkthrough found `run` had no way to give a local run a
     file, although the workflow it develops reads `attachments.*`): the files are promoted to
     the run as a launch's are, the same file name under two attachment names included."""
