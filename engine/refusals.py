@@ -52,7 +52,16 @@ class ScratchNotPortable(Refusal, code="scratch_not_portable"):
             f"run {run_id}: its scratch cannot follow it ({why})",
             remedy=f"resume with {consents} to continue without the scratch",
         )
+        self.run_id = run_id
+        self.why = why
         self.also_needs_force = also_needs_force
+
+    def naming(self, cause: str) -> ScratchNotPortable:
+        """The same refusal with what refused the bank named (the blob store's answer, kept
+        only in the `sandbox_scratch_banked` event the teardown wrote)."""
+        return ScratchNotPortable(
+            self.run_id, f"{self.why}: {cause}", also_needs_force=self.also_needs_force
+        )
 
     def to_dict(self) -> dict[str, object]:
         out = super().to_dict()

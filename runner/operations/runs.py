@@ -10,6 +10,7 @@ keeps — and an operation only wires them to the environment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import heapq
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import Any, Literal
 from engine import local as engine_local
 from engine import rewind as engine_rewind
 from engine.loader import LoadedWorkflow
+from engine.refusals import ScratchNotPortable
 from engine.resume import ResumeRequest
 from engine.vars import resolve_vars
 from runner.delivery_log import DeliveryEntry, read_deliveries
@@ -37,6 +39,7 @@ from store import (
     RunQuery,
     RunStatus,
     StagedFile,
+    StoreError,
     utcnow,
 )
 
@@ -272,7 +275,7 @@ async def resume(
     tenant = tenant or env.tenant
     run = await env.store.get_run(run_id)
     request = await uploads.stage_file_answers(env, run, request, tenant=tenant)
-    async with env.publisher() as publisher:
+    async with env.publisher() as publisher, _naming_a_refused_bank(env, run_id):
         return await publisher.resume(run_id, request, tenant=tenant)
 
 
@@ -292,9 +295,44 @@ async def resume_local(
     run_id = await resolve_run_id(env, run_id)
     run = await env.store.get_run(run_id)
     request = await uploads.stage_file_answers(env, run, request, tenant=env.tenant)
-    return await engine_local.resume_local(
-        _local(env, on_event, interrupt), run_id, request, auto_resume=auto_resume
-    )
+    async with _naming_a_refused_bank(env, run_id):
+        return await engine_local.resume_local(
+            _local(env, on_event, interrupt), run_id, request, auto_resume=auto_resume
+        )
+
+
+@contextlib.asynccontextmanager
+async def _naming_a_refused_bank(env: Env, run_id: str) -> AsyncIterator[None]:
+    """A resume refused `scratch_not_portable` because the last teardown could not bank the
+    scratch says why the bank was refused (a missing bucket, an endpoint down): the operator
+    decides between fixing that and `--accept-scratch-loss` on it, and it was only in the
+    run's events (a walkthrough)."""
+    try:
+        yield
+    except ScratchNotPortable as exc:
+        cause = await _bank_refusal(env, run_id)
+        if cause is None:
+            raise
+        raise exc.naming(cause) from exc
+
+
+async def _bank_refusal(env: Env, run_id: str) -> str | None:
+    """The `reason` of the run's last `sandbox_scratch_banked` event when its scratch record
+    says `unbankable`; None otherwise (or when the store cannot say)."""
+    try:
+        run = await env.store.get_run(run_id)
+        if run.scratch is None or run.scratch.state != "unbankable":
+            return None
+        reason: str | None = None
+        after = 0
+        while batch := await env.store.read_events(run_id, after_seq=after, limit=1000):
+            for event in batch:
+                if event.type == "sandbox_scratch_banked" and event.data.get("reason"):
+                    reason = str(event.data["reason"])
+            after = batch[-1].seq
+    except (StoreError, RunNotFound):  # the refusal as it was is still true
+        return None
+    return reason
 
 
 async def cancel(env: Env, run_id: str, *, tenant: str | None = None) -> RunDocument:

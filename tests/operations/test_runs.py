@@ -9,12 +9,12 @@ import pytest
 
 from engine.errors import AnswersInvalid
 from engine.loader import load_workflow
-from engine.refusals import RunNotResumable
+from engine.refusals import RunNotResumable, ScratchNotPortable
 from engine.resume import ResumeRequest
 from publisher import WireNames, decode
 from runner import operations as ops
 from runner.operations import Env, is_refusal
-from store import Checkpoint, Event, RunNotFound, RunStatus
+from store import Checkpoint, Event, RunNotFound, RunStatus, ScratchRecord
 from tests.console.test_api_uploads import ASKS_FILE
 from tests.publisher.conftest import Nats, example, put_run, stream_messages
 
@@ -194,3 +194,29 @@ async def test_rewind_moves_the_checkpoint_back_and_parks_the_run_paused_operato
     assert result.run.checkpoint is not None
     assert result.run.checkpoint.restart_node == "prepare"
     assert "prepare" in result.dropped
+
+
+async def test_a_resume_refused_for_an_unbankable_scratch_names_what_refused_the_bank(
+    env: Env,
+) -> None:
+    """SPEC §7.4: a scratch the last teardown could not bank refuses the resume without
+    `--accept-scratch-loss`. Why it could not be banked (here the bucket is missing) was only
+    in the `sandbox_scratch_banked` event; the refusal names it, queued and local alike."""
+    run = await put_run(
+        env.store,
+        status=RunStatus.FAILED_RESUMABLE,
+        failure_code="TOOL_FAILED_TRANSIENT",
+        scratch=ScratchRecord(state="unbankable", bytes=2048, progress=1),
+    )
+    cause = "not banked: S3BucketMissing('bucket runfleet-scratch does not exist')"
+    await env.store.append_event(
+        run.run_id, "sandbox_scratch_banked", {"banked": False, "reason": cause}, attempt=1
+    )
+
+    for resume in (ops.resume, ops.resume_local):
+        with pytest.raises(ScratchNotPortable) as info:
+            await resume(env, run.run_id, ResumeRequest())
+        assert "could not bank a non-empty scratch" in info.value.message
+        assert "bucket runfleet-scratch does not exist" in info.value.message
+        assert "--accept-scratch-loss" in (info.value.remedy or "")
+    assert (await ops.get_run(env, run.run_id)).status is RunStatus.FAILED_RESUMABLE
