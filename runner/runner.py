@@ -109,7 +109,14 @@ class Runner:
     async def start(self) -> None:
         nc, js = await connect(self.wire, name=f"runfleet-runner-{self.owner}")
         self._nc = nc
-        await self._check_consumer(js)
+        try:
+            await self._check_consumer(js)
+            preflight = getattr(self.driver, "preflight", None)  # may it start sandboxes? (k8s)
+            if preflight is not None:
+                await preflight()
+        except BaseException:
+            await self.shutdown()  # the connection and the driver's API client, closed
+            raise
         dlq = DlqStore(js, self.names, self.blobs)
         self.svc = RunnerServices(
             store=self.store,

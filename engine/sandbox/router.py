@@ -60,6 +60,13 @@ class DriverRouter:
             refs += await driver.list_sandboxes()
         return refs
 
+    async def preflight(self) -> None:
+        """The default driver's start-up check, if it has one (the kubernetes driver asks
+        whether it may manage sandbox pods); a driver a workflow names is checked by its use."""
+        preflight = getattr(self.default, "preflight", None)
+        if preflight is not None:
+            await preflight()
+
     async def close(self) -> None:
         """Close the drivers that hold connections (the kubernetes API client)."""
         for driver in self._drivers.values():

@@ -46,6 +46,7 @@ from engine.sandbox.errors import (
     SandboxSetupTimeout,
     SandboxStartFailed,
 )
+from engine.sandbox.kubernetes.access import check_access
 from engine.sandbox.kubernetes.classify import (
     Phase,
     StartFailure,
@@ -135,6 +136,17 @@ class KubernetesSandboxDriver:
                 except kube_config.ConfigException as exc:
                     raise SandboxError(f"no kubernetes API: {exc}") from exc
         return CoreV1Api(self._client)
+
+    async def preflight(self) -> None:
+        """At the runner's start: `SandboxAccessDenied` when this runner may not manage sandbox
+        pods in its namespace (`access.check_access`); a warning when that cannot be asked."""
+        try:
+            await self.api()
+        except SandboxError as exc:  # no kubeconfig: the first start says it, as before
+            log.warning("sandbox driver: %s", exc)
+            return
+        assert self._client is not None
+        await check_access(self._client, self.settings.namespace)
 
     async def close(self) -> None:
         if self._client is not None:
