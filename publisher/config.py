@@ -88,7 +88,13 @@ class WireSettings(NatsSettings):
     ack_wait: Duration | None = Field(default=None, description="default lease TTL + skew")
     duplicate_window: Duration = timedelta(minutes=5)
     publish_timeout: Duration = timedelta(seconds=2)
-    publish_attempts: int = Field(default=4, ge=1)
+    publish_attempts: int = Field(
+        default=10,
+        ge=1,
+        description="tries of one publish; with the doubling waits (0.1 s up to 2 s) ten span"
+        " ≈ 11 s, past a cluster's leader election (3.5-8.5 s measured); the retry budget"
+        " bounds them too",
+    )
     publish_retry_budget: Duration = timedelta(seconds=20)
     sweeper_grace: Duration = timedelta(seconds=60)
     sweeper_interval: Duration = timedelta(seconds=30)

@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NoStreamResponseError
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -41,6 +41,7 @@ from publisher.errors import (
 from publisher.launch_records import LaunchRecords
 from publisher.nats_errors import (
     PUBLISH_RETRYABLE,
+    is_stream_missing,
     msg_id_in_process,
     publish_retryable,
     translate_nats_error,
@@ -69,6 +70,8 @@ from store import (
 log = logging.getLogger(__name__)
 
 _FIRST_WAIT_S = 0.1
+_PROBE_S = 1.0
+"""How long a failed publish waits for the stream's info before it is tried again."""
 """The wait before a publish's second try; each later one doubles it, up to 2 s."""
 
 CANCELLABLE_DIRECTLY = frozenset(
@@ -145,6 +148,9 @@ class Publisher:
                     stream=self.names.runs_stream,
                     headers=headers,
                 )
+            except NoStreamResponseError:
+                await self._unless_stream_missing()
+                raise
             except APIError as exc:
                 in_process += msg_id_in_process(exc)
                 raise
@@ -186,6 +192,19 @@ class Publisher:
                 tries,
             )
         return ack
+
+    async def _unless_stream_missing(self) -> None:
+        """After "no stream took the message": a stream that does not exist is said at once
+        (JetStream's 404 `stream not found` propagates, not retried), since the publish would
+        fail every try; anything else (a stream whose leader is being elected answers nothing
+        for a few seconds on a cluster) leaves the publish to be tried again."""
+        try:
+            await asyncio.wait_for(self.js.stream_info(self.names.runs_stream), _PROBE_S)
+        except APIError as exc:
+            if is_stream_missing(exc):
+                raise
+        except (nats.errors.Error, TimeoutError):
+            pass
 
     async def _retry(self, send: Callable[[], Awaitable[PubAck]], left: float) -> PubAck:
         """Tries 2 … `publish_attempts` after a first one that failed retryably, on the

@@ -192,3 +192,23 @@ async def ensure_streams(
     await _ensure_stream(js, dlq_stream_config(names, settings), report)
     await _ensure_stream(js, delivery_stream_config(names, settings), report)
     return report
+
+
+async def leaderless(js: JetStreamContext, names: WireNames) -> list[str]:
+    """The streams and consumers of `ensure_streams` that have no raft leader now. A
+    cluster's `/healthz` answers ok before every group has elected, and a publish or a pull
+    meanwhile goes unanswered: a fleet starting on a cluster waits until this is empty
+    (`runner.embedded`). Asked of a cluster only (one server has no raft groups to wait for)."""
+    missing: list[str] = []
+    for stream in (names.runs_stream, names.advisory_stream, names.dlq_stream):
+        info = await js.stream_info(stream)
+        if info.cluster is None or not info.cluster.leader:
+            missing.append(f"stream {stream}")
+    for stream, consumer in (
+        (names.runs_stream, names.consumer),
+        (names.advisory_stream, names.backstop_consumer),
+    ):
+        cinfo = await js.consumer_info(stream, consumer)
+        if cinfo.cluster is None or not cinfo.cluster.leader:
+            missing.append(f"consumer {consumer}")
+    return missing

@@ -17,20 +17,30 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from publisher.config import NATS_URL_FILE, WireSettings
 from publisher.connection import connect
-from publisher.streams import EnsureReport, ensure_streams
+from publisher.nats_errors import JETSTREAM_UNANSWERED
+from publisher.streams import EnsureReport, ensure_streams, leaderless
 from publisher.wire import WireNames
 from runner import fleet_settings
+from runner.config import RunnerSettings
 from runner.localcluster import NatsCluster
 from runner.localnats import NatsServer
 from runner.logfiles import rotate_if_large
@@ -38,6 +48,7 @@ from runner.operations.errors import FleetAlreadyRunning
 from store import RunStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _PORT_LINE = re.compile(rb"slots, http :(\d+)")
 _ERROR_LINE = re.compile(rb"^error \[([a-z0-9_]+)\]: (.*)$", re.MULTILINE)
 QUICK_EXIT_S = 10.0
@@ -146,6 +157,31 @@ class NatsWatch:
     """While the server is down: when it is started again."""
 
 
+async def _until_answered(deadline: float, ask: Callable[[], Awaitable[T]]) -> T:
+    """`ask()`, asked again while JetStream does not answer (a leader election), until
+    `deadline` (then its last error)."""
+    async for attempt in AsyncRetrying(
+        stop=stop_after_delay(max(0.0, deadline - time.monotonic())),
+        wait=wait_exponential(multiplier=0.2, max=2.0),
+        retry=retry_if_exception_type((*JETSTREAM_UNANSWERED, TimeoutError)),
+        before_sleep=_said_unanswered,
+        reraise=True,
+    ):
+        with attempt:
+            return await ask()
+    raise AssertionError("unreachable: tenacity re-raises the last error")
+
+
+async def _all_led(js: JetStreamContext, names: WireNames) -> None:
+    if missing := await leaderless(js, names):
+        raise TimeoutError(f"no leader yet: {', '.join(missing)}")
+
+
+def _said_unanswered(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    log.info("the streams did not answer yet (%r); asking again", exc)
+
+
 def next_backoff(previous_s: float, started_at: float, now: float) -> float:
     """The delay before a dead process (a runner, `up`'s nats-server) is started again: none
     after a long life, doubling from 1 s up to `MAX_BACKOFF_S` after quick deaths in a row."""
@@ -214,8 +250,9 @@ class EmbeddedFleet:
         self._settings_written: str | None = None
         """What it wrote to `fleet-settings.json` (`runner.fleet_settings`), likewise."""
         self.procs: list[RunnerProcess] = []
-        self.nats = NatsWatch()
-        """The embedded nats-server's restarts (a single server `up` started, not a cluster)."""
+        self.nats: list[NatsWatch] = []
+        """The restarts of each nats-server `up` started (one, or each node of a cluster),
+        in the order of `_servers()`."""
         self.stopping = False
         self._stop = asyncio.Event()
         self._nc: Client | None = None
@@ -251,11 +288,24 @@ class EmbeddedFleet:
         wire = WireSettings(data=self.data, nats_url=self.nats_url, stream_replicas=replicas)
         self._nc, self._js = await connect(wire, name="runfleet-up")
         self.names = WireNames(wire.namespace)
-        self.ensured = await ensure_streams(self._js, self.names, wire)
+        self.ensured = await self._ensure_streams(self._js, wire)
         for i in range(self.count):
             rp = RunnerProcess(i, self.data / "logs" / f"runner-{i}.log")
             self.procs.append(rp)
             await self._spawn(rp)
+
+    async def _ensure_streams(self, js: JetStreamContext, wire: WireSettings) -> EnsureReport:
+        """`ensure_streams`, waiting out the streams' leader elections. A cluster that answers
+        healthy can still have streams without a leader for a few seconds after a restart (the
+        raft groups elect after the meta group), and their API calls then go unanswered: `up`
+        on a cluster's data dir exited `nats_timeout` at its first lookup, nearly every time,
+        and the runs it had handed off stayed until a fleet could start (found by a cluster
+        walkthrough). Bounded by `RUNFLEET_CONSUMER_WAIT`, as a starting runner's wait is."""
+        deadline = time.monotonic() + RunnerSettings().consumer_wait.total_seconds()
+        report = await _until_answered(deadline, lambda: ensure_streams(js, self.names, wire))
+        if wire.stream_replicas > 1:
+            await _until_answered(deadline, lambda: _all_led(js, self.names))
+        return report
 
     def _write_url(self) -> None:
         """Replaced whole (a command reading it never sees half a URL)."""
@@ -333,21 +383,41 @@ class EmbeddedFleet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.5)
 
+    def _servers(self) -> list[tuple[str, NatsServer]]:
+        """The nats-servers `up` started, by the name the log and the view give them: the one
+        server, or each node of a cluster (`nats-server n2`)."""
+        if isinstance(self.server, NatsCluster):
+            return [
+                (f"nats-server {self.server.name(k)}", node)
+                for k, node in enumerate(self.server.nodes)
+            ]
+        if isinstance(self.server, NatsServer):
+            return [("nats-server", self.server)]
+        return []
+
     async def _watch_nats(self) -> None:
-        """Start the embedded nats-server again when it died under the fleet (found by an
+        """Start a nats-server of the fleet's again when it died under the fleet (found by an
         on-call walkthrough: a SIGKILLed server left every runner retrying its connection
-        forever and the view silent). Same port and JetStream directory, so the streams and
-        every queued message come back, and the runners' clients reconnect by themselves."""
-        server, watch = self.server, self.nats
-        if not isinstance(server, NatsServer) or self.stopping or server.running:
-            return
+        forever and the view silent; and by a cluster walkthrough: a dead node stayed dead,
+        its replicas lost, without a word). Same ports and JetStream directory, so the streams
+        and every queued message come back (a node catches up from its peers), and the
+        runners' clients reconnect by themselves."""
+        servers = self._servers()
+        while len(self.nats) < len(servers):
+            self.nats.append(NatsWatch())
+        for (label, server), watch in zip(servers, self.nats, strict=False):
+            if not self.stopping and not server.running:
+                await self._restart_server(label, server, watch)
+
+    async def _restart_server(self, label: str, server: NatsServer, watch: NatsWatch) -> None:
         now = time.monotonic()
         if watch.restart_at is None:
             watch.backoff_s = next_backoff(watch.backoff_s, watch.started_at, now)
             watch.restart_at = now + watch.backoff_s
             watch.last_exit = describe_exit(server.exit_code)
             log.warning(
-                "nats-server %s; restarting it on port %s%s (log: %s)",
+                "%s %s; restarting it on port %s%s (log: %s)",
+                label,
                 watch.last_exit,
                 server.port,
                 f" in {watch.backoff_s:.0f}s" if watch.backoff_s else "",
@@ -360,11 +430,11 @@ class EmbeddedFleet:
             await asyncio.to_thread(server.start)
         except (RuntimeError, TimeoutError, OSError) as exc:
             watch.restart_at = None  # judged again on the next turn, after a longer delay
-            log.error("nats-server did not start again: %s", str(exc).splitlines()[0])
+            log.error("%s did not start again: %s", label, str(exc).splitlines()[0])
             return
         watch.restart_at = None
         watch.restarts += 1
-        log.warning("nats-server restarted on port %s (restarts %d)", server.port, watch.restarts)
+        log.warning("%s restarted on port %s (restarts %d)", label, server.port, watch.restarts)
 
     def _note_exit(self, rp: RunnerProcess, code: int, now: float) -> None:
         rp.backoff_s = next_backoff(rp.backoff_s, rp.started_at, now)
@@ -400,20 +470,23 @@ class EmbeddedFleet:
         }
 
     def nats_line(self) -> str | None:
-        """The view's nats-server row, only once it died: down (and when it comes back), or
-        running again after N restarts."""
-        server, watch = self.server, self.nats
-        if not isinstance(server, NatsServer) or (watch.restarts == 0 and server.running):
-            return None
-        if not server.running:
-            left = None if watch.restart_at is None else watch.restart_at - time.monotonic()
-            when = "restarting" if left is None or left <= 0 else f"restart in {left:.0f}s"
-            restarts = f", restarts {watch.restarts}" if watch.restarts else ""
-            return f"  nats-server  not running: {watch.last_exit} ({when}{restarts})"
-        return (
-            f"  nats-server  pid {server.pid}  :{server.port}"
-            f"  (restarts {watch.restarts}, last: {watch.last_exit})"
-        )
+        """The view's nats-server rows, only for a server that died: down (and when it comes
+        back), or running again after N restarts."""
+        lines = []
+        for (label, server), watch in zip(self._servers(), self.nats, strict=False):
+            if watch.restarts == 0 and server.running:
+                continue
+            if not server.running:
+                left = None if watch.restart_at is None else watch.restart_at - time.monotonic()
+                when = "restarting" if left is None or left <= 0 else f"restart in {left:.0f}s"
+                restarts = f", restarts {watch.restarts}" if watch.restarts else ""
+                lines.append(f"  {label}  not running: {watch.last_exit} ({when}{restarts})")
+            else:
+                lines.append(
+                    f"  {label}  pid {server.pid}  :{server.port}"
+                    f"  (restarts {watch.restarts}, last: {watch.last_exit})"
+                )
+        return "\n".join(lines) or None
 
     async def _runner_row(
         self, session: aiohttp.ClientSession, rp: RunnerProcess

@@ -62,7 +62,7 @@ def runner_line(row: RunnerRow) -> str:
 def render_lines(snap: dict[str, object], rate: float, restarts: int) -> list[str]:
     rows = snap.get("runners") or []
     assert isinstance(rows, list)
-    nats = [line] if isinstance(line := snap.get("nats"), str) else []
+    nats = line.splitlines() if isinstance(line := snap.get("nats"), str) else []
     return [render(snap, rate, restarts), *nats, *(runner_line(r) for r in rows)]
 
 

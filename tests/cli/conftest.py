@@ -222,9 +222,11 @@ class Up:
         extra: dict[str, str] | None = None,
         expect: Sequence[Expectation] = (),
         command: Sequence[str] = (str(RUNFLEET),),
+        args: Sequence[str] = (),
     ) -> Up:
         """Start `up` and wait until both runners consume; `expect` names what `extra` must
-        set in the settings classes; `command` is what runs the CLI (the installed script)."""
+        set in the settings classes; `command` is what runs the CLI (the installed script);
+        `args` are more options of `up` (`--nats-cluster 3`)."""
         tmp.mkdir(parents=True, exist_ok=True)
         data = tmp / "data"
         env = fleet_env(data, extra)
@@ -235,6 +237,7 @@ class Up:
                 [
                     *(*command, "up", "--runners", str(runners), "--slots", "4"),
                     *("--no-view", "--data", str(data)),
+                    *args,
                 ],
                 cwd=ROOT,
                 env=env,

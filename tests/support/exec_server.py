@@ -209,7 +209,13 @@ class ExecServer:
                 self._orphan((namespace, pod), proc)
             else:
                 _kill(proc)
-                await proc.wait()  # SIGKILLed: at once
+                try:
+                    await proc.wait()  # SIGKILLed: at once
+                finally:
+                    # Cancelled in that wait (the server stopping with a stream just cut), the
+                    # pipes were left open and reported as a leak at collection, failing
+                    # whichever test ran then (seen under load).
+                    proc._transport.close()  # type: ignore[attr-defined]
         return ws
 
     def _orphan(self, key: tuple[str, str], proc: asyncio.subprocess.Process) -> None:
