@@ -9,8 +9,12 @@ so far: a runner never asks a cluster it was never configured for.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import replace
 
+from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import (
     Sandbox,
     SandboxCapabilities,
@@ -21,6 +25,8 @@ from engine.sandbox.protocols import (
 from engine.sandbox.registry import DriverContext, open_driver
 
 __all__ = ["DriverRouter"]
+
+log = logging.getLogger(__name__)
 
 
 class DriverRouter:
@@ -50,15 +56,31 @@ class DriverRouter:
 
     async def stop_others(self, run_id: str, keep_token: str) -> list[str]:
         stopped: list[str] = []
-        for driver in list(self._drivers.values()):
-            stopped += await driver.stop_others(run_id, keep_token)
+        for name, driver in list(self._drivers.items()):
+            with self._unless_named_only(name, "stop_others"):
+                stopped += await driver.stop_others(run_id, keep_token)
         return stopped
 
     async def list_sandboxes(self) -> list[SandboxRef]:
         refs: list[SandboxRef] = []
-        for driver in list(self._drivers.values()):
-            refs += await driver.list_sandboxes()
+        for name, driver in list(self._drivers.items()):
+            with self._unless_named_only(name, "list_sandboxes"):
+                refs += await driver.list_sandboxes()
         return refs
+
+    @contextlib.contextmanager
+    def _unless_named_only(self, name: str, what: str) -> Iterator[None]:
+        """A driver only a workflow named that cannot work here (no kubeconfig, say) fails
+        the runs that name it, at their sandbox start, and nothing else: its error is logged
+        and passed over. Found by a workflow walkthrough: one run naming `kubernetes` on a
+        runner without a cluster made every later claim of that runner, compute-only runs
+        included, fail `INTERNAL_ERROR` in this call. The default driver's errors stand."""
+        try:
+            yield
+        except SandboxError as exc:
+            if name == self._default:
+                raise
+            log.warning("sandbox driver %r (named by a workflow): %s skipped: %s", name, what, exc)
 
     async def preflight(self) -> None:
         """The default driver's start-up check, if it has one (the kubernetes driver asks

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine.sandbox import LocalSandbox, SandboxSpec, open_driver
+from engine.sandbox.errors import SandboxError
 from engine.sandbox.kubernetes.driver import KubernetesSandboxDriver
 from engine.sandbox.kubernetes.sandbox import KubernetesSandbox
 from engine.sandbox.kubernetes.settings import KubernetesSettingsInvalid
@@ -86,3 +87,23 @@ async def test_kubernetes_driver_is_found_by_name_in_the_registry(
     assert list(cluster.pods()) == [sandbox.name]
     await sandbox.stop()
     await driver.close()
+
+
+async def test_a_driver_only_a_workflow_named_that_cannot_work_here_fails_only_its_own_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workflow walkthrough: one run naming `kubernetes` on a runner with no cluster left
+    that driver opened in the router, and every later claim's `stop_others` (compute-only runs
+    included) failed on it. The named driver's own start still fails that run."""
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    router = DriverRouter("local", DriverContext(data_dir=tmp_path / "data"))
+    try:
+        with pytest.raises(SandboxError, match="no kubernetes API"):
+            await router.start(_spec(tmp_path, "a", driver="kubernetes", image="busybox:1.36"))
+        local = await router.start(_spec(tmp_path, "b"))
+        assert await router.stop_others("run-1", keep_token="b") == []  # no error from k8s
+        assert [r.token for r in await router.list_sandboxes()] == ["b"]
+        await local.stop()
+    finally:
+        await router.close()
