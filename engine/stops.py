@@ -42,7 +42,7 @@ class RunStops:
     async def _pause_for_human(self, node_id: str, node: HumanNode) -> Outcome:
         cp = self.checkpoint
         questions = [q.model_dump() for q in node.questions]
-        message = self._render_prompt(node.message)
+        message, message_error = self._render_message(node.message)
         interaction_id = f"{self.run_id}:{node_id}:{cp.progress}"
         cp.restart_node = node_id
         cp.outputs.pop(node_id, None)
@@ -64,28 +64,36 @@ class RunStops:
                 created_at=utcnow(),
             )
         )
+        said: dict[str, Any] = {"message_error": message_error} if message_error else {}
         await self.events.emit(
-            "human_input_requested", node=node_id, message=message, questions=questions
+            "human_input_requested", node=node_id, message=message, questions=questions, **said
         )
         return Paused("human", node_id)
 
-    def _render_prompt(self, template: str) -> str:
-        """The human node's `message` as the person will read it (templates filled in; the
-        raw text when it cannot render, so the pause is never lost to a typo)."""
+    def _render_message(self, template: str) -> tuple[str, str | None]:
+        """A human or fail node's `message` as it will be read, and why it did not render.
+
+        It is the one template that never fails its node: the stop the node asks for (a pause
+        for a person, the workflow's own failure) is what matters, and losing it to a typo in
+        its wording would be worse. So a message that cannot render is kept raw, and the error
+        is said beside it (the event's `message_error`, the failure's error), never dropped:
+        a walkthrough found the raw `{{ outputs.a.missing }}` shown with no word of why."""
         if not template:
-            return ""
+            return "", None
         try:
-            return render(template, self.scope(), shell=False)
-        except TemplateError:
-            return template
+            return render(template, self.scope(), shell=False), None
+        except TemplateError as exc:
+            log.warning("run %s: a node's message did not render: %s", self.run_id, exc)
+            return template, exc.message
 
     async def _deliberate_failure(self, node_id: str, node: FailNode) -> Outcome:
         cp = self.checkpoint
         preds = sorted(set(self.workflow.predecessors(node_id)))
-        try:
-            message = render(node.message, self.scope(), shell=False) if node.message else node.code
-        except TemplateError:
-            message = node.message
+        message, message_error = self._render_message(node.message)
+        if not node.message:
+            message = node.code
+        elif message_error:
+            message = f"{message} (the message did not render: {message_error})"
         # The entry has no guard however many edges lead back into it: the run never passed
         # one to get there (`Workflow.guard_of`; found by review).
         guarded = len(preds) == 1 and node_id != self.workflow.entry
