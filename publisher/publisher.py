@@ -366,6 +366,18 @@ class Publisher:
                     "origin": Origin.FLEET,
                 }
             ),
+            # The events ride with the CAS that makes them true (ADR-0014), as a launch's do:
+            # appended after the publish, they took sequence numbers after the claiming
+            # runner's, even after `run_finished` (found by a workflow walkthrough). SPEC §6.3:
+            # `run_resumed {from_status}` as a local resume says it.
+            events=[
+                EventDraft(
+                    "run_resumed", {"from_status": str(spec.prior_status)}, attempt=spec.attempt
+                ),
+                EventDraft(
+                    "run_queued", {"attempt": spec.attempt, "kind": kind}, attempt=spec.attempt
+                ),
+            ],
         )
         if isinstance(result, CasConflict):
             current = result.current or run
@@ -389,14 +401,6 @@ class Publisher:
             await self.flip_back(result, spec.prior_status, exc.message)
             raise
         await self.record_publication(result, ack)
-        # `run_resumed {from_status}` as a local resume says it (SPEC §6.3; found by a
-        # walkthrough: a fleet resume's history went from the pause straight to `run_queued`).
-        await self.store.append_event(
-            run_id, "run_resumed", {"from_status": str(spec.prior_status)}, attempt=spec.attempt
-        )
-        await self.store.append_event(
-            run_id, "run_queued", {"attempt": spec.attempt, "kind": kind}, attempt=spec.attempt
-        )
         return await self.store.get_run(run_id)
 
     async def flip_back(self, run: RunDocument, prior: RunStatus, reason: str) -> None:

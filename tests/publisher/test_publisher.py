@@ -223,6 +223,33 @@ async def test_resume_publishes_attempt_n_plus_one_with_its_own_msg_id(
     assert (await event_types(run_store, launched.run_id))[-1] == "run_queued"
 
 
+async def test_resume_events_ride_with_its_cas_before_anything_a_runner_writes(
+    publisher: Publisher, run_store: RunStore, monkeypatch: pytest.MonkeyPatch
+):
+    """SPEC §6.3: events in the order things happened. A resume's `run_resumed` and
+    `run_queued` were appended after its publish, so a runner that claimed and finished the
+    run meanwhile had its events numbered first (a workflow walkthrough: `run_finished` seq
+    14, `run_resumed` 15). Here a runner's event lands while the publish is in flight."""
+    launched = await publisher.launch(example("hello.yaml"), {}, tenant="default")
+    await run_store.update_run(
+        launched.run_id,
+        [Eq("status", RunStatus.QUEUED), Eq("attempt", 1)],
+        Update(set={"status": RunStatus.PAUSED_OPERATOR, "checkpoint": Checkpoint(progress=1)}),
+    )
+    publish = publisher.publish
+
+    async def claimed_while_publishing(run: Any, kind: Any, **kw: Any) -> Any:
+        ack = await publish(run, kind, **kw)
+        await run_store.append_event(run.run_id, "run_claimed", {}, attempt=run.attempt)
+        return ack
+
+    monkeypatch.setattr(publisher, "publish", claimed_while_publishing)
+    await publisher.resume(launched.run_id, ResumeRequest(), tenant="default")
+
+    types = await event_types(run_store, launched.run_id)
+    assert types[-3:] == ["run_resumed", "run_queued", "run_claimed"]
+
+
 async def test_resume_whose_attempt_the_sweeper_published_first_is_queued_not_failed(
     publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
 ):
