@@ -175,6 +175,8 @@ class InvalidStoreUrl(StoreError, code="invalid_store_url"):
 class DocumentInvalid(StoreError, code="document_invalid"):
     """A stored record does not validate; it is reported, never silently rewritten."""
 
+    remedy = "inspect the record; runfleet never rewrites an invalid record by itself"
+
 
 class RunAlreadyExists(StoreError, code="run_exists"):
     """A create-only write met an existing id."""

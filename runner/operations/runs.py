@@ -176,10 +176,7 @@ async def _page_after(env: Env, after: str, tenant: str) -> str:
     keyset compares ids as strings, so an id no run has would page from wherever it sorts —
     usually the start — and a typo would silently list the wrong page: `run_not_found`
     instead. Another tenant's run is not found either, as `owned_run` answers in the API."""
-    run_id = await resolve_run_id(env, after)
-    if (await env.store.get_run(run_id)).tenant != tenant:
-        raise RunNotFound(f"no run {after!r}")
-    return run_id
+    return await resolve_run_id(env, after, tenant=tenant)
 
 
 async def event_batches(

@@ -220,3 +220,47 @@ async def test_a_resume_refused_for_an_unbankable_scratch_names_what_refused_the
         assert "bucket runfleet-scratch does not exist" in info.value.message
         assert "--accept-scratch-loss" in (info.value.remedy or "")
     assert (await ops.get_run(env, run.run_id)).status is RunStatus.FAILED_RESUMABLE
+
+
+async def test_another_tenants_run_id_is_answered_exactly_as_an_id_no_run_has(env: Env) -> None:
+    """An API walkthrough told another tenant's real run id from a made-up one by the
+    message ("no run 'ID'" against "no run 'ID' (as an id or the start of one)")."""
+    theirs = await put_run(env.store, status=RunStatus.QUEUED, tenant="other")
+    made_up = theirs.run_id[:-4] + ("0000" if not theirs.run_id.endswith("0000") else "1111")
+
+    with pytest.raises(RunNotFound) as for_theirs:
+        await ops.get_run(env, theirs.run_id)
+    with pytest.raises(RunNotFound) as for_none:
+        await ops.get_run(env, made_up)
+
+    def said(exc: RunNotFound, run_id: str) -> tuple[str, str | None]:
+        return exc.message.replace(run_id, "ID"), exc.remedy
+
+    assert said(for_theirs.value, theirs.run_id) == said(for_none.value, made_up)
+
+
+async def test_a_page_continues_after_a_run_that_does_not_validate(
+    env: Env, tmp_path: Path
+) -> None:
+    """A page whose last row was unreadable named it as `next_after`, and asking for the page
+    after it answered 500 `document_invalid` (the API; `runs --after` exit 1): nothing past it
+    could be listed (an API walkthrough)."""
+    import sqlite3
+
+    first = await put_run(env.store, status=RunStatus.QUEUED)
+    bad = await put_run(env.store, status=RunStatus.QUEUED)
+    last = await put_run(env.store, status=RunStatus.QUEUED)
+    with sqlite3.connect(tmp_path / "runs.db") as conn:
+        conn.execute(
+            "UPDATE runs SET doc = json_set(doc, '$.attempt', 'x') WHERE run_id = ?",
+            (bad.run_id,),
+        )
+    env.store.remembered.forget(bad.run_id)  # type: ignore[attr-defined]
+
+    page = await ops.list_runs(env, limit=2)
+    assert [r.run_id for r in page.runs] == [first.run_id]
+    assert page.next_after == bad.run_id
+    rest = await ops.list_runs(env, limit=2, after=page.next_after)
+    assert [r.run_id for r in rest.runs] == [last.run_id]
+    with pytest.raises(RunNotFound):  # still another tenant's business only by its index
+        await ops.list_runs(env, after=bad.run_id, tenant="other")
