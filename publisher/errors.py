@@ -84,6 +84,18 @@ class RecordNotFound(Refusal, code="record_not_found"):
     remedy = "list records with `runfleet dlq list`"
 
 
+class ResumeTooLarge(Refusal, code="resume_too_large"):
+    """A resume whose message (its answers, mostly) is larger than the NATS server takes in
+    one message: refused before anything is written, since no retry could ever send it (an
+    API walkthrough met a 503 `publish_failed` for a 1 MB answer, and each retry raised the
+    run's attempt)."""
+
+    remedy = (
+        "send a large answer as a file (a `file` question, through an upload), or raise the"
+        " server's max_payload"
+    )
+
+
 class ConsumerMismatch(RunfleetError, code="consumer_mismatch"):
     """The runners' durable consumer contradicts the settings of the process that checked it
     (SPEC §3): a usage error (exit 2), since restarting cannot mend it, only the settings can."""

@@ -36,6 +36,7 @@ from publisher.dlq import DlqStore
 from publisher.errors import (
     DuplicatePublication,
     PublishFailed,
+    ResumeTooLarge,
     RunNotCancellable,
 )
 from publisher.launch_records import LaunchRecords
@@ -352,6 +353,13 @@ class Publisher:
         spec = judge_resume(run, request).model_copy(
             update={"kind": kind, "dlq_record": dlq_record}
         )
+        copy = ResumeCopy(
+            answers=spec.answers,
+            consents=spec.consents,
+            budget=spec.budget,
+            source_hash=spec.workflow.source_hash if spec.workflow else None,
+        )
+        self._check_fits(run, spec.attempt, kind, copy)
         now = utcnow()
         result = await self.store.update_run(
             run_id,
@@ -385,12 +393,6 @@ class Publisher:
             from engine.refusals import RunNotResumable
 
             raise RunNotResumable(run_id, f"{current.status} (another operation won the race)")
-        copy = ResumeCopy(
-            answers=spec.answers,
-            consents=spec.consents,
-            budget=spec.budget,
-            source_hash=spec.workflow.source_hash if spec.workflow else None,
-        )
         try:
             # `expect_new=False`: the attempt is new by its CAS, so the only copy that can hold
             # its `Nats-Msg-Id` already is the sweeper's republish of this very attempt (a
@@ -402,6 +404,30 @@ class Publisher:
             raise
         await self.record_publication(result, ack)
         return await self.store.get_run(run_id)
+
+    def _check_fits(
+        self, run: RunDocument, attempt: int, kind: MessageKind, copy: ResumeCopy
+    ) -> None:
+        """`ResumeTooLarge` when the message this resume would publish is over the server's
+        `max_payload` (the client refuses it, every time)."""
+        limit = self.nc.max_payload
+        if not limit:
+            return
+        message = RunMessage(
+            run_id=run.run_id,
+            tenant=run.tenant,
+            attempt=attempt,
+            kind=kind,
+            published_at=utcnow(),
+            resume=copy,
+        )
+        body, headers = encode(message)
+        size = len(body) + sum(len(k) + len(v) + 4 for k, v in (headers or {}).items()) + 64
+        if size > limit:
+            raise ResumeTooLarge(
+                f"run {run.run_id}: the resume's message would be {len(body)} bytes, over the"
+                f" NATS server's max_payload ({limit} bytes)"
+            )
 
     async def flip_back(self, run: RunDocument, prior: RunStatus, reason: str) -> None:
         """A failed publish puts the run back where it was; the attempt stays (never

@@ -83,7 +83,8 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── TooManyAttachments                  too_many_attachments
         ├── StagedUploadNotFound                upload_not_found
         ├── StagedUploadInvalid                 upload_invalid
-        └── RecordNotFound                      record_not_found
+        ├── RecordNotFound                      record_not_found
+        └── ResumeTooLarge                      resume_too_large
 
 `store` is drawn first, then `engine` (`errors`, `fencing`, `sandbox.errors`, `archive`, `vars`,
 `refusals`), then `publisher`, then `runner`; `StoreUnavailable` and the `NatsUnavailable`

@@ -43,6 +43,8 @@ REFUSAL_STATUS: dict[str, int] = {
     "answers_invalid": 422,
     # a retried launch that is not the request its key first made (the IETF idempotency-key draft)
     "idempotency_key_reused": 422,
+    # a request larger than the queue can carry
+    "resume_too_large": 413,
 }
 """A refusal's status by code; a refusal not listed (a workflow that does not load, a var the
 workflow does not declare, an ambiguous run id prefix, an upload that cannot be staged or

@@ -27,6 +27,7 @@ from publisher import (
     PublishFailed,
     RecordNotFound,
     RecordNotReplayable,
+    ResumeTooLarge,
     RunMessage,
     RunNotCancellable,
     StaleRecord,
@@ -301,6 +302,30 @@ async def test_resume_with_answers_puts_them_in_the_resume_spec(
     assert resumed.resume_spec.answers == {"approved": True, "note": None}
     # Consents and answers are the claim's to apply: the checkpoint is not touched here.
     assert resumed.checkpoint == run.checkpoint
+
+
+async def test_a_resume_too_large_for_one_nats_message_is_refused_before_anything_is_written(
+    publisher: Publisher, run_store: RunStore, nats_conn: Nats, names: WireNames
+):
+    """An answer of more than the server's `max_payload` (1 MiB by default) was a 503
+    `publish_failed` that no retry could ever mend, and each try raised the run's attempt
+    (an API walkthrough). Refused `resume_too_large` (the API's 413) with nothing written."""
+    run = await waiting_run(run_store)
+    before = await event_types(run_store, run.run_id)
+    note = "x" * (nats_conn.nc.max_payload + 1)
+
+    with pytest.raises(ResumeTooLarge, match="max_payload") as refused:
+        await publisher.resume(
+            run.run_id,
+            ResumeRequest(answers={"approved": True, "note": note}),
+            tenant="default",
+        )
+
+    assert refused.value.code == "resume_too_large"
+    after = await run_store.get_run(run.run_id)
+    assert (after.status, after.attempt) == (run.status, run.attempt)
+    assert await event_types(run_store, run.run_id) == before
+    assert await stream_count(nats_conn.js, names) == 0
 
 
 @BOTH_STORES
