@@ -221,6 +221,30 @@ async def test_a_replay_found_published_removes_the_record_without_publishing_ag
     assert not await record_kept(publisher)
 
 
+async def test_concurrent_replays_of_one_record_queue_one_attempt_with_one_run_queued(
+    publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
+) -> None:
+    """Five replays of one record at once (an API walkthrough): the run got one `run_resumed`
+    and four `run_queued` for the same attempt, since each loser "finished" the winner's
+    replay before the winner's events were written. The events now ride with the CAS."""
+    import asyncio
+
+    run = await put_run(run_store, attempt=2, **PARKED)
+    await dead_letter(dlq_of(publisher), run, attempt=2)
+
+    outcomes = await asyncio.gather(
+        *(publisher.replay(RECORD, tenant="default") for _ in range(5)), return_exceptions=True
+    )
+
+    assert any(isinstance(o, RunDocument) for o in outcomes), outcomes
+    assert await queued_attempts(run_store, run.run_id) == [3]
+    types = [e.type for e in await run_store.read_events(run.run_id)]
+    assert types.count("run_resumed") == 1
+    assert (await run_store.get_run(run.run_id)).attempt == 3
+    assert len(await stream_messages(nats_conn.js, names)) == 1  # one copy: the rest dedupe
+    assert not await record_kept(publisher)
+
+
 async def test_a_replay_never_published_whose_run_was_cancelled_since_is_refused_stale(
     publisher: Publisher, nats_conn: Nats, names: WireNames, run_store: RunStore
 ) -> None:
