@@ -20,7 +20,11 @@ class NatsTimeout(NatsUnavailable, code="nats_timeout"):
 class JetStreamUnavailable(NatsUnavailable, code="jetstream_unavailable"):
     """The server answers but JetStream does not: not enabled, or not ready yet (exit 4)."""
 
-    remedy = "run the server with JetStream enabled (`nats-server -js`) or wait until it is ready"
+    remedy = (
+        "wait a few seconds and retry (a leader election, a server starting); on a NATS"
+        " cluster, bring back enough servers for a majority (two of three); a server of your"
+        " own must run with JetStream enabled (`nats-server -js`)"
+    )
 
 
 class StreamNotFound(NatsUnavailable, code="stream_not_found"):

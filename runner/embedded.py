@@ -258,6 +258,8 @@ class EmbeddedFleet:
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self.names = WireNames()
+        self.warnings: list[str] = []
+        """What `up` must say at start (a data dir whose JetStream is of the other kind)."""
         self.ensured: EnsureReport | None = None
         """What starting changed on the streams (a setting given to this `up` that differs
         from what the streams were made with): said at start, since runners started with the
@@ -272,6 +274,7 @@ class EmbeddedFleet:
         if wire.nats_url:
             self.nats_url = wire.nats_url
         else:
+            self._say_other_jetstream()
             self.server = (
                 NatsCluster(self.data / "nats-cluster", self.nats_cluster, pass_fds=self.pass_fds)
                 if self.nats_cluster > 1
@@ -293,6 +296,25 @@ class EmbeddedFleet:
             rp = RunnerProcess(i, self.data / "logs" / f"runner-{i}.log")
             self.procs.append(rp)
             await self._spawn(rp)
+
+    def _say_other_jetstream(self) -> None:
+        """A data dir whose JetStream was the other kind (one server, or a cluster) keeps its
+        queued messages and DLQ records there, where this `up` does not look: said, not
+        refused (found by a cluster walkthrough: `up` without `--nats-cluster` on a cluster's
+        data dir started an empty server without a word)."""
+        cluster, single = self.data / "nats-cluster", self.data / "nats"
+        other, flag = (
+            (cluster, "--nats-cluster N")
+            if self.nats_cluster == 1
+            else (single, "no --nats-cluster")
+        )
+        if other.is_dir() and any(other.iterdir()):
+            note = (
+                f"{other} holds the JetStream data of an earlier `up` with {flag}; this `up`"
+                " does not read it (queued messages and DLQ records there stay unseen): start"
+                f" with {flag} to use it"
+            )
+            self.warnings.append(note)  # said by `up` at start, with its other start lines
 
     async def _ensure_streams(self, js: JetStreamContext, wire: WireSettings) -> EnsureReport:
         """`ensure_streams`, waiting out the streams' leader elections. A cluster that answers

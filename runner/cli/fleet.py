@@ -167,6 +167,8 @@ async def _run_fleet(
             loop.add_signal_handler(sig, fleet.request_stop)
         try:
             await fleet.start()
+            for note in fleet.warnings:
+                click.echo(f"runfleet up: warning: {note}", err=True)
             for name, changes in (fleet.ensured.changes if fleet.ensured else {}).items():
                 click.echo(f"runfleet up: updated {name}: {', '.join(changes)}", err=True)
             # Other commands find the fleet through RUNFLEET_DATA (default ./.runfleet, relative

@@ -53,3 +53,19 @@ def test_up_on_a_nats_cluster_restarts_a_dead_node_and_starts_again_on_its_data_
             assert again.status(first)["status"] == "finished", round_
         finally:
             stop_cleanly(again)
+
+
+def test_up_without_nats_cluster_on_a_clusters_data_dir_says_what_it_does_not_read(
+    tmp_path: Path,
+) -> None:
+    """A cluster walkthrough: `up` without `--nats-cluster` on a cluster's data dir started a
+    fresh single server without a word; what the cluster held stayed unseen."""
+    (tmp_path / "data" / "nats-cluster" / "n1").mkdir(parents=True)
+    up = Up.start(tmp_path, runners=1)
+    try:
+        assert "warning:" in up.output()
+        assert "nats-cluster holds the JetStream data of an earlier `up` with --nats-cluster N" in (
+            up.output()
+        )
+    finally:
+        stop_cleanly(up)
