@@ -75,6 +75,77 @@ def unreachable(workflow: Workflow) -> list[str]:
     return [n for n in workflow.nodes if n not in seen]
 
 
+def warnings(workflow: Workflow) -> list[str]:
+    """What loads but will not do what it looks like it does (found by a workflow walkthrough):
+    a node nothing reaches; a resumable fail node without the one guard a resume re-judges
+    (it ends the run `failed`, as docs/workflows.md says, and that is knowable now); a cycle
+    no edge of which has a `loop` cap, with no iteration budget either, which only a person
+    stops."""
+    said = [
+        f"node {nid!r} is not reachable from entry {workflow.entry!r}"
+        for nid in unreachable(workflow)
+    ]
+    for nid, node in workflow.nodes.items():
+        if isinstance(node, FailNode) and node.resumable:
+            preds = workflow.predecessors(nid)
+            if nid == workflow.entry:
+                said.append(f"fail node {nid!r} is resumable but is the entry: the run ends failed")
+            elif len(preds) != 1:
+                said.append(
+                    f"fail node {nid!r} is resumable but has {len(preds)} predecessors (a guard"
+                    " needs exactly one): the run ends failed"
+                )
+    if workflow.budget.max_iterations is None:
+        for cycle in _uncapped_cycles(workflow):
+            said.append(
+                f"nodes {', '.join(repr(n) for n in cycle)} form a cycle with no `loop` cap on"
+                " any of its edges and no budget max_iterations: nothing stops it but a cancel"
+            )
+    return said
+
+
+def _uncapped_cycles(workflow: Workflow) -> list[list[str]]:
+    """The strongly connected groups of nodes (a self-edge included) none of whose internal
+    edges has a `loop`, in file order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's; workflows are small
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(workflow.successors(node)):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            groups.append(group)
+
+    for nid in workflow.nodes:
+        if nid not in index:
+            visit(nid)
+    order = list(workflow.nodes)
+    uncapped = []
+    for group in groups:
+        members = set(group)
+        inside = [e for e in workflow.edges if e.from_ in members and e.to in members]
+        if inside and not any(e.loop for e in inside):
+            uncapped.append(sorted(group, key=order.index))
+    return sorted(uncapped, key=lambda g: order.index(g[0]))
+
+
 def workflow_view(loaded: LoadedWorkflow) -> dict[str, Any]:
     wf = loaded.workflow
     return {
@@ -90,6 +161,7 @@ def workflow_view(loaded: LoadedWorkflow) -> dict[str, Any]:
         "nodes": [{"id": nid, **node.model_dump()} for nid, node in wf.nodes.items()],
         "edges": [e.model_dump(by_alias=True, exclude_none=True) for e in wf.edges],
         "unreachable": unreachable(wf),
+        "warnings": warnings(wf),
     }
 
 
@@ -116,8 +188,7 @@ def describe(loaded: LoadedWorkflow) -> list[str]:
         if e.loop:
             extra += f"  loop {e.loop.name} max {e.loop.max}"
         lines.append(f"  {e.from_} -> {e.to}{extra}")
-    for nid in unreachable(wf):
-        lines.append(f"warning: node {nid!r} is not reachable from entry {wf.entry!r}")
+    lines += [f"warning: {said}" for said in warnings(wf)]
     lines.append(f"ok: {loaded.filename} loads ({len(wf.nodes)} nodes, {len(wf.edges)} edges)")
     return lines
 

@@ -87,3 +87,52 @@ def test_validate_of_an_invalid_file_exits_3_naming_file_field_and_line(tmp_path
     where = {(p["field"], p["line"]) for p in error["problems"]}
     assert ("nodes.start.timeout", 7) in where and ("nodes.next.set", 8) in where
     assert all(p["file"] == str(bad) for p in error["problems"])
+
+
+WARNED = """\
+name: warned
+entry: a
+nodes:
+  a: {kind: compute, set: {n: "1"}}
+  b: {kind: compute, set: {n: "2"}}
+  left: {kind: compute, set: {n: "3"}}
+  right: {kind: compute, set: {n: "4"}}
+  stop: {kind: fail, code: STOP, resumable: true}
+  c: {kind: compute, set: {n: "5"}}
+  d: {kind: compute, set: {n: "6"}}
+edges:
+  - {from: a, to: b}
+  - {from: b, to: a, when: "outputs.b.n == '2'"}
+  - {from: b, to: left}
+  - {from: b, to: right}
+  - {from: left, to: stop}
+  - {from: right, to: stop}
+  - {from: right, to: c}
+  - {from: c, to: d}
+  - {from: d, to: c, loop: {name: again, max: 3}}
+"""
+
+
+def test_validate_warns_of_a_resumable_fail_node_without_a_guard_and_an_uncapped_cycle(
+    tmp_path: Path,
+) -> None:
+    """A workflow walkthrough: both loaded `ok` with no word, then a resumable fail node with
+    two predecessors ended the run `failed`, and a cycle with no cap ran 1 871 node runs in
+    8 s. A capped cycle (`c`, `d`) is not warned about."""
+    source = tmp_path / "warned.yaml"
+    source.write_text(WARNED)
+
+    result = validate(tmp_path, str(source))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "warning: fail node 'stop' is resumable but has 2 predecessors (a guard needs exactly"
+        " one): the run ends failed" in result.stdout
+    )
+    assert "warning: nodes 'a', 'b' form a cycle with no `loop` cap" in result.stdout
+    assert "'c', 'd'" not in result.stdout
+    doc = json.loads(validate(tmp_path, str(source), "--json").stdout)
+    assert len(doc["warnings"]) == 2
+
+    capped = tmp_path / "capped.yaml"
+    capped.write_text(WARNED.replace("name: warned", "name: capped\nbudget: {max_iterations: 50}"))
+    assert "form a cycle" not in validate(tmp_path, str(capped)).stdout
