@@ -200,7 +200,12 @@ async def leaderless(js: JetStreamContext, names: WireNames) -> list[str]:
     meanwhile goes unanswered: a fleet starting on a cluster waits until this is empty
     (`runner.embedded`). Asked of a cluster only (one server has no raft groups to wait for)."""
     missing: list[str] = []
-    for stream in (names.runs_stream, names.advisory_stream, names.dlq_stream):
+    for stream in (
+        names.runs_stream,
+        names.advisory_stream,
+        names.dlq_stream,
+        names.delivery_stream,
+    ):
         info = await js.stream_info(stream)
         if info.cluster is None or not info.cluster.leader:
             missing.append(f"stream {stream}")

@@ -355,8 +355,10 @@ class ModelDlq:
 
 
 class ModelNats:
-    """Core NATS: the control subject's cancel signal, and the sweeper's one stream-info
-    request per pass."""
+    """Core NATS: the control subject's cancel signal, the sweeper's one stream-info request
+    per pass, and the server's `max_payload` a resume checks its message against."""
+
+    max_payload = 1024 * 1024  # nats-server's default, as INFO says it to a real client
 
     def __init__(self, model: ProtocolModel) -> None:
         self.model = model
