@@ -71,9 +71,9 @@ from store import (
 log = logging.getLogger(__name__)
 
 _FIRST_WAIT_S = 0.1
+"""The wait before a publish's second try; each later one doubles it, up to 2 s."""
 _PROBE_S = 1.0
 """How long a failed publish waits for the stream's info before it is tried again."""
-"""The wait before a publish's second try; each later one doubles it, up to 2 s."""
 
 CANCELLABLE_DIRECTLY = frozenset(
     {
