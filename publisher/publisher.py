@@ -353,12 +353,7 @@ class Publisher:
         spec = judge_resume(run, request).model_copy(
             update={"kind": kind, "dlq_record": dlq_record}
         )
-        copy = ResumeCopy(
-            answers=spec.answers,
-            consents=spec.consents,
-            budget=spec.budget,
-            source_hash=spec.workflow.source_hash if spec.workflow else None,
-        )
+        copy = ResumeCopy.of(spec)
         self._check_fits(run, spec.attempt, kind, copy)
         now = utcnow()
         result = await self.store.update_run(

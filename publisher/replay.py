@@ -189,12 +189,7 @@ async def _finish(pub: ReplayPublisher, run: RunDocument, stage: ReplayStage) ->
     spec = run.resume_spec
     assert spec is not None
     if stage is ReplayStage.UNPUBLISHED:
-        copy = ResumeCopy(
-            answers=spec.answers,
-            consents=spec.consents,
-            budget=spec.budget,
-            source_hash=spec.workflow.source_hash if spec.workflow else None,
-        )
+        copy = ResumeCopy.of(spec)
         try:
             # A copy that did land (a lost PubAck) dedupes on its Nats-Msg-Id: not an error.
             ack = await pub.publish(run, "replay", resume=copy, expect_new=False)

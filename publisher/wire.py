@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from publisher.errors import MalformedMessage, UnsupportedSchema
-from store import Budget, Consents, UtcDatetime
+from store import Budget, Consents, ResumeSpec, UtcDatetime
 
 SCHEMA_VERSION = 1
 
@@ -92,6 +92,17 @@ class ResumeCopy(BaseModel):
     consents: Consents = Field(default_factory=Consents)
     budget: Budget | None = None
     source_hash: str | None = None
+
+    @classmethod
+    def of(cls, spec: ResumeSpec) -> ResumeCopy:
+        """The copy of what a resume's CAS wrote (`resume_spec`): the resume and a replay
+        that finishes an interrupted one publish the same."""
+        return cls(
+            answers=spec.answers,
+            consents=spec.consents,
+            budget=spec.budget,
+            source_hash=spec.workflow.source_hash if spec.workflow else None,
+        )
 
 
 class RunMessage(BaseModel):

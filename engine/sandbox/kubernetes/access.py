@@ -1,4 +1,4 @@
-"""What the runner may do in the sandbox namespace, asked once at start (SPEC §7.1).
+"""What the runner may do in the sandbox namespace, asked once at start (SPEC §7.1, ADR-0020).
 
 Without this, a Role that was never applied (or a namespace that does not exist) showed up only
 at the first sandbox a run asked for, as that run's transient `sandbox_access_denied`, and every
