@@ -19,7 +19,12 @@ from store import BlobStore, ResumeSpec, RunDocument
 from store.checked import fetch_checked
 from store.errors import Refusal, RunfleetError, StoreError
 from store.models import StagedFile, StagedUpload
-from store.staging import StagedUploadInvalid, StagedUploadNotFound, StagingStore
+from store.staging import (
+    StagedUploadInUse,
+    StagedUploadInvalid,
+    StagedUploadNotFound,
+    StagingStore,
+)
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 log = logging.getLogger(__name__)
@@ -104,9 +109,10 @@ async def promote_for_launch(
     """Stage `paths`, then promote them and each `uploads` (name → upload id) to `run_id`.
 
     A refusal (name, count, size, an upload id the tenant has no upload by:
-    `StagedUploadNotFound`) is raised as it is, before any byte moves. Any other failure
-    removes what was promoted, discards what this call staged (a given upload id stays, for a
-    retry) and raises `LaunchFailed`: the caller has not created the run yet, so nothing is
+    `StagedUploadNotFound`) is raised as it is, before any byte moves; so is an upload another
+    launch is attaching (`StagedUploadInUse`, after this call's copies are removed). Any other
+    failure removes what was promoted, discards what this call staged (a given upload id stays,
+    for a retry) and raises `LaunchFailed`: the caller has not created the run yet, so nothing is
     queued."""
     for name in uploads:
         check_name(name)
@@ -143,6 +149,10 @@ async def promote_for_launch(
         if staged is not None:
             with contextlib.suppress(StoreError):
                 await staging.discard(staged.id, tenant)
+        for upload_id in uploads.values():  # the ids given stay usable for the retry
+            await staging.release(upload_id, tenant, run_id)
+        if isinstance(exc, StagedUploadInUse):  # another launch took it (SPEC §8: used once)
+            raise
         raise LaunchFailed(f"attachments of the launch could not be promoted: {exc}") from exc
     for upload_id in uploads.values():
         try:
@@ -185,6 +195,11 @@ async def promote_answers(
         upload_id = answer["upload"]
         try:
             await staging.promote(upload_id, run.tenant, run.run_id, rename=name)
+        except StagedUploadInUse as exc:
+            raise StagedUploadNotFound(
+                f"the upload {upload_id!r} answering {name!r} is taken ({exc.message}); "
+                "resume the run again with a new answer"
+            ) from exc
         except StagedUploadNotFound as exc:
             if await _promoted_already(blobs, key, answer):
                 continue

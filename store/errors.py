@@ -83,6 +83,7 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
         ├── TooManyAttachments                  too_many_attachments
         ├── StagedUploadNotFound                upload_not_found
         ├── StagedUploadInvalid                 upload_invalid
+        ├── StagedUploadInUse                   upload_in_use
         ├── RecordNotFound                      record_not_found
         └── ResumeTooLarge                      resume_too_large
 

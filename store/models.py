@@ -219,6 +219,9 @@ class StagedUpload(_Stored):
     tenant: NonEmptyStr
     files: list[StagedFile] = Field(default_factory=list)
     created_at: UtcDatetime
+    claimed_by: str | None = None
+    """The run a promotion in progress copies this upload to (`claim_staged_upload`): a staged
+    upload is used once (SPEC §8), by whichever of two concurrent launches claims it first."""
 
 
 class LockRecord(_Stored):

@@ -225,6 +225,17 @@ class RunStore(Protocol):
 
     async def delete_staged_upload(self, upload_id: str, tenant: str) -> bool: ...
 
+    async def claim_staged_upload(self, upload_id: str, tenant: str, claimant: str) -> bool:
+        """Set the record's `claimed_by` to `claimant` if it is unclaimed or already
+        `claimant`'s, in one atomic write; False if the tenant has no such record or another
+        claimant holds it. What makes "used once" hold for concurrent promotions."""
+        ...
+
+    async def release_staged_upload(self, upload_id: str, tenant: str, claimant: str) -> bool:
+        """Clear `claimed_by` if `claimant` holds it (a promotion that failed leaves the upload
+        usable for a retry); False otherwise."""
+        ...
+
     async def list_staged_uploads_before(
         self, cutoff: datetime, limit: int = 100
     ) -> list[StagedUpload]:

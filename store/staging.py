@@ -9,9 +9,12 @@ crash can leave a record whose bytes are (partly) gone, which `reap` and `discar
 never bytes that no record points at (except when `stage` itself dies between a put and its
 best-effort cleanup).
 
-`promote` copies the bytes to `runs/<run_id>/attachments/<name>` (checking each file's sha256 on
-the way) and then discards the upload; a failed promotion removes what it copied and leaves the
-upload in place, so the launch can be retried.
+`promote` first claims the upload for its run (one atomic write on the record: of two launches
+naming one upload at once, one gets it and the other is refused `upload_in_use`), copies the
+bytes to `runs/<run_id>/attachments/<name>` (checking each file's sha256 on the way) and then
+discards the upload; a failed promotion removes what it copied and releases the claim, so the
+launch can be retried. A claim left by a process that died mid-promotion holds the upload until
+it is reaped (`RUNFLEET_UPLOAD_TTL`); a retry for the same run id takes it back.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ class StagedUploadInvalid(Refusal, code="upload_invalid"):
     as asked): a refusal, the CLI's exit 3, the API's 400."""
 
     remedy = "give each attachment a simple name and files with distinct file names"
+
+
+class StagedUploadInUse(Refusal, code="upload_in_use"):
+    """Another launch or answer is attaching this upload to its run right now (SPEC §8: a
+    staged upload is used once). A refusal: the CLI's exit 3, the API's 409."""
+
+    remedy = (
+        "stage the file again for this run; the upload is free again only if the other "
+        "launch fails"
+    )
 
 
 class StagingStore:
@@ -143,8 +156,9 @@ class StagingStore:
         """Copy the upload's bytes to `runs/<run_id>/attachments/<name>` and discard the upload
         (unless `discard=False`: a caller promoting several uploads discards them once all
         landed, so a failure part-way leaves every upload id usable for a retry). Returns the
-        files with their new keys. On failure the copies are removed and the upload is left as
-        it was. `rename` gives a one-file upload the attachment name the launch chose
+        files with their new keys. The upload is claimed for `run_id` first: another run's claim
+        refuses it (`StagedUploadInUse`). On failure the copies are removed and the
+        claim released, the upload left as it was. `rename` gives a one-file upload the attachment name the launch chose
         (`--attach name=upload:ID`)."""
         try:
             validate_segment(run_id, what="run id")
@@ -153,12 +167,42 @@ class StagingStore:
         except BlobKeyInvalid as exc:
             raise StagedUploadInvalid(exc.message) from exc
         record = await self._record(upload_id, tenant)
+        if rename is not None and len(record.files) != 1:
+            raise StagedUploadInvalid(
+                f"upload {upload_id!r} holds {len(record.files)} files; only a one-file "
+                "upload can be attached under a new name"
+            )
+        await self._claim(record, run_id)
+        try:
+            return await self._promote(record, run_id, rename=rename, discard=discard)
+        except BaseException:
+            await self.release(upload_id, tenant, run_id)
+            raise
+
+    async def release(self, upload_id: str, tenant: str, run_id: str) -> None:
+        """Give back `run_id`'s claim on the upload (best effort: a failure here is logged, and
+        the claim ends when the upload is reaped). For a caller that promoted with
+        `discard=False` and then failed."""
+        try:
+            await self._runs.release_staged_upload(upload_id, tenant, run_id)
+        except StoreError as exc:
+            log.warning("cannot release staged upload %s from run %s: %s", upload_id, run_id, exc)
+
+    async def _claim(self, record: StagedUpload, run_id: str) -> None:
+        if await self._runs.claim_staged_upload(record.id, record.tenant, run_id):
+            return
+        holder = await self._runs.get_staged_upload(record.id, record.tenant)
+        if holder is None or holder.claimed_by is None:
+            raise StagedUploadNotFound(f"staged upload {record.id!r} was used meanwhile")
+        raise StagedUploadInUse(
+            f"staged upload {record.id!r} is being attached to run {holder.claimed_by}"
+        )
+
+    async def _promote(
+        self, record: StagedUpload, run_id: str, *, rename: str | None, discard: bool
+    ) -> list[StagedFile]:
+        upload_id = record.id
         if rename is not None:
-            if len(record.files) != 1:
-                raise StagedUploadInvalid(
-                    f"upload {upload_id!r} holds {len(record.files)} files; only a one-file "
-                    "upload can be attached under a new name"
-                )
             record = record.model_copy(
                 update={"files": [record.files[0].model_copy(update={"name": rename})]}
             )

@@ -34,6 +34,7 @@ REFUSAL_STATUS: dict[str, int] = {
     "rewind_refused": 409,
     "stale_record": 409,
     "record_not_replayable": 409,
+    "upload_in_use": 409,
     "workflow_source_changed": 409,
     "source_lacks_restart_node": 409,
     "scratch_not_portable": 409,

@@ -96,6 +96,19 @@ class MongoRecords(MongoConnection):
         result = await self._io("delete staged upload", self._staged.delete_one, flt)
         return result.deleted_count > 0
 
+    async def claim_staged_upload(self, upload_id: str, tenant: str, claimant: str) -> bool:
+        # `None` matches a missing field too: records staged before claims existed.
+        flt = {"_id": upload_id, "tenant": tenant, "claimed_by": {"$in": [None, claimant]}}
+        update = {"$set": {"claimed_by": claimant}}
+        result = await self._io("claim staged upload", self._staged.update_one, flt, update)
+        return result.matched_count > 0
+
+    async def release_staged_upload(self, upload_id: str, tenant: str, claimant: str) -> bool:
+        flt = {"_id": upload_id, "tenant": tenant, "claimed_by": claimant}
+        update = {"$set": {"claimed_by": None}}
+        result = await self._io("release staged upload", self._staged.update_one, flt, update)
+        return result.matched_count > 0
+
     async def list_staged_uploads_before(
         self, cutoff: datetime, limit: int = 100
     ) -> list[StagedUpload]:

@@ -124,6 +124,31 @@ class SqliteRecords(SqliteConnection):
             )
         )
 
+    async def claim_staged_upload(self, upload_id: str, tenant: str, claimant: str) -> bool:
+        return await self._write(
+            lambda c: (
+                c.execute(
+                    "UPDATE staged_uploads SET doc = json_set(doc, '$.claimed_by', ?)"
+                    " WHERE id = ? AND tenant = ?"
+                    " AND coalesce(json_extract(doc, '$.claimed_by'), ?) = ?",
+                    (claimant, upload_id, tenant, claimant, claimant),
+                ).rowcount
+                > 0
+            )
+        )
+
+    async def release_staged_upload(self, upload_id: str, tenant: str, claimant: str) -> bool:
+        return await self._write(
+            lambda c: (
+                c.execute(
+                    "UPDATE staged_uploads SET doc = json_set(doc, '$.claimed_by', json('null'))"
+                    " WHERE id = ? AND tenant = ? AND json_extract(doc, '$.claimed_by') = ?",
+                    (upload_id, tenant, claimant),
+                ).rowcount
+                > 0
+            )
+        )
+
     async def list_staged_uploads_before(
         self, cutoff: datetime, limit: int = 100
     ) -> list[StagedUpload]:

@@ -5,6 +5,7 @@ session's real nats-server: what the run document lists, what is stored, and wha
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -30,7 +31,7 @@ from store.blobs_fs import FilesystemBlobStore
 from store.blobs_s3 import S3BlobStore
 from store.config import StoreSettings
 from store.protocols import BlobStore
-from store.staging import StagedUploadNotFound, StagingStore
+from store.staging import StagedUploadInUse, StagedUploadNotFound, StagingStore
 from tests.operations.conftest import ENGINE
 from tests.publisher.conftest import Nats, example, stream_messages
 from tests.support.s3server import S3Server, running_s3_server
@@ -240,6 +241,36 @@ async def test_a_failed_launch_leaves_every_upload_id_it_was_given_for_a_retry(
     run = await ops.launch(att_env, example("hello.yaml"), {}, attach_uploads={"a": good.id})
     assert [a.name for a in run.attachments] == ["a"]
     assert await att_env.blobs.get_bytes(run.attachments[0].key) == b"good"
+
+
+@STORES
+async def test_a_staged_upload_is_used_once_by_concurrent_launches(
+    att_env: Env, tmp_path: Path, nats_conn: Nats, names: WireNames
+) -> None:
+    """SPEC §8 "used once" under concurrency (found by a walkthrough: ten concurrent launches
+    naming one upload id each took a copy). One launch gets the upload; every other is
+    refused `upload_not_found` with nothing of it stored or queued."""
+    staged = await upload_ops.upload(att_env, _file(tmp_path, "data.csv", b"a,b\n1,2\n"))
+
+    results = await asyncio.gather(
+        *(
+            ops.launch(att_env, example("hello.yaml"), {}, attach_uploads={"table": staged.id})
+            for _ in range(6)
+        ),
+        return_exceptions=True,
+    )
+
+    launched = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, BaseException)]
+    assert len(launched) == 1, results
+    assert all(isinstance(r, StagedUploadInUse | StagedUploadNotFound) for r in refused), refused
+    (run,) = launched
+    assert len(await stream_messages(nats_conn.js, names)) == 1
+    assert (await att_env.store.list_runs(RunQuery(tenant="default"))).runs[0].run_id == (
+        run.run_id
+    )
+    assert [b.key for b in await att_env.blobs.list("runs/")] == [run.attachments[0].key]
+    assert await att_env.blobs.list("uploads/") == []
 
 
 @STORES

@@ -993,6 +993,31 @@ async def test_staged_uploads_are_scoped_to_their_tenant(run_store: RunStore):
     assert await run_store.delete_staged_upload(record.id, "acme") is False
 
 
+async def test_a_staged_upload_is_claimed_by_one_run_at_a_time(run_store: RunStore):
+    """SPEC §8 "used once": of concurrent promotions, one claim wins; the claim is the
+    tenant's, survives a re-claim by its own run, and a release gives the upload back."""
+    record = staged("acme", utcnow())
+    await run_store.put_staged_upload(record)
+
+    wins = await asyncio.gather(
+        *(run_store.claim_staged_upload(record.id, "acme", f"run-{i}") for i in range(8))
+    )
+    assert sum(wins) == 1
+    holder = await run_store.get_staged_upload(record.id, "acme")
+    assert holder is not None and holder.claimed_by == f"run-{wins.index(True)}"
+    winner = holder.claimed_by
+    assert await run_store.claim_staged_upload(record.id, "acme", winner) is True
+    assert await run_store.claim_staged_upload(record.id, "globex", "run-x") is False
+    assert await run_store.claim_staged_upload("no-such-upload", "acme", "run-x") is False
+
+    assert await run_store.release_staged_upload(record.id, "acme", "run-x") is False
+    assert await run_store.release_staged_upload(record.id, "globex", winner) is False
+    assert await run_store.release_staged_upload(record.id, "acme", winner) is True
+    released = await run_store.get_staged_upload(record.id, "acme")
+    assert released is not None and released.claimed_by is None
+    assert await run_store.claim_staged_upload(record.id, "acme", "run-x") is True
+
+
 async def test_put_staged_upload_is_create_only(run_store: RunStore):
     record = staged("acme", utcnow())
     await run_store.put_staged_upload(record)
