@@ -57,12 +57,21 @@ class ApiError(Exception):
     that may not write (403), a body or parameter that does not parse (400), a route that does
     not exist (404, 405). Same body shape as a refusal."""
 
-    def __init__(self, status: int, code: str, message: str, remedy: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        remedy: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.remedy = remedy
+        self.headers = headers or {}
 
     def to_dict(self) -> dict[str, object]:
         # Every error body carries a remedy (docs/api.md): a caller's code may read it blindly.
@@ -131,8 +140,8 @@ def http_remedy(remedy: str | None) -> str | None:
 
 def response_for(exc: RunfleetError | ApiError) -> web.Response:
     if isinstance(exc, ApiError):
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return error_json(exc.status, exc.to_dict(), headers)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+        return error_json(exc.status, exc.to_dict(), {**headers, **exc.headers})
     status = status_for(exc)
     if status == 503:
         return error_json(status, exc.to_dict(), {"Retry-After": str(RETRY_AFTER_S)})

@@ -40,6 +40,7 @@ _ERRORS: dict[int, str] = {
     403: "a read token asked to write",
     404: "not found (another tenant's run or record is not found either)",
     409: "the run or record is not in a state that allows it",
+    415: "the body is not sent as JSON (`Content-Type: application/json`)",
     422: "the answers do not answer the pending questions, or an Idempotency-Key came back with"
     " another launch",
     500: "an internal error",
@@ -93,6 +94,7 @@ def _operation(route: Route, refs: Refs) -> dict[str, Any]:
         else:
             responses[str(status)] = ok
     errors = [400, 401, 500, 503] + ([403] if route.writes else [])
+    errors += [415] if route.body is not None else []
     for status in errors:
         responses[str(status)] = _error_response(status)
     op: dict[str, Any] = {

@@ -124,7 +124,40 @@ def _problems(exc: ValidationError) -> str:
     return "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
 
 
+JSON_TYPES = ("application/json",)
+
+
+def check_query(request: web.Request, route: Route) -> None:
+    """A query parameter the route does not take is refused, not ignored: `?stauts=failed`
+    would otherwise list every run, and the caller would take the list for an answer."""
+    known = [p.name for p in route.params if p.where == "query"]
+    unknown = sorted(set(request.query) - set(known))
+    if unknown:
+        takes = ", ".join(known) if known else "none"
+        raise invalid(
+            f"unknown query parameter {unknown[0][:40]!r}",
+            f"this route's query parameters: {takes} (see /openapi.json)",
+        )
+
+
+def check_json_type(request: web.Request) -> None:
+    """A body sent as another media type (`text/plain`, a form: curl's `-d` without `-H`) is
+    415, not read as JSON anyway; a body with no `Content-Type` at all is read as JSON."""
+    if "Content-Type" not in request.headers:
+        return
+    kind = request.content_type
+    if kind in JSON_TYPES or kind.endswith("+json"):
+        return
+    raise ApiError(
+        415,
+        "unsupported_media_type",
+        f"the body is {kind[:60]}, not JSON",
+        "send the body as JSON with `Content-Type: application/json`",
+    )
+
+
 async def parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
+    check_json_type(request)
     raw = await request.read()
     try:
         data = json.loads(raw or b"{}")
@@ -152,6 +185,7 @@ def endpoint(route: Route) -> Callable[[web.Request], Awaitable[web.StreamRespon
                 f"a {principal.role} token may not {route.summary.lower()}",
                 "use a token with the operate role",
             )
+        check_query(request, route)
         body = await parse_body(request, route.body) if route.body is not None else None
         env = request.app[ENV]
         call = Call(request, scoped(env, principal.tenant), principal, env.tenant, body)

@@ -122,7 +122,11 @@ async def errors_middleware(request: web.Request, handler: Next) -> web.StreamRe
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
-        return response_for(ApiError(exc.status, code.get(exc.status, "http_error"), exc.reason))
+        # RFC 9110 §15.5.6: a 405 says which methods the resource has.
+        allow = getattr(exc, "allowed_methods", None)
+        headers = {"Allow": ", ".join(sorted(allow))} if allow else None
+        error = ApiError(exc.status, code.get(exc.status, "http_error"), exc.reason, headers=headers)
+        return response_for(error)
     except asyncio.CancelledError:
         raise
     except Exception:  # the last line: logged here, answered without internals

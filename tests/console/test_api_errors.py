@@ -4,6 +4,7 @@ error body and codes, unreachable infrastructure as 503 with `Retry-After`, one 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 
@@ -16,7 +17,7 @@ from runner.cli.errors import EXIT_REFUSED, EXIT_USAGE, exit_code_for
 from runner.console import create_app
 from runner.console.errors import REFUSAL_STATUS, RETRY_AFTER_S, status_for
 from runner.operations import Env
-from store import Refusal, RunStatus
+from store import Refusal, RunQuery, RunStatus
 from store.errors import _CODES, RunfleetError
 from store.staging import StagedUploadInvalid, StagedUploadNotFound
 from tests.console.conftest import OP_A, TOKENS, Api, fleet_env, validate
@@ -121,7 +122,9 @@ async def test_unknown_routes_and_methods_answer_the_error_shape_with_a_remedy(a
     status, body, _ = await api.call("DELETE", "/api/v1/runs")
     assert status == 405 and body["error"]["code"] == "method_not_allowed"
     assert "method" in body["error"]["remedy"]
-    status, body, _ = await api.call("POST", "/api/v1/runs", data=b"not json")
+    status, body, _ = await api.call(
+        "POST", "/api/v1/runs", data=b"not json", headers={"Content-Type": "application/json"}
+    )
     assert status == 400 and body["error"]["code"] == "invalid_request"
     assert body["error"]["remedy"]
     status, body, _ = await api.call("GET", "/api/v1/dlq/abc", template="/api/v1/dlq/{record_id}")
@@ -167,6 +170,42 @@ async def test_a_bearer_token_that_is_not_utf8_is_a_plain_401(api: Api) -> None:
     )
     assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
     assert b'"unauthorized"' in answer
+
+
+async def test_a_405_names_the_methods_the_resource_has_in_allow(api: Api) -> None:
+    """RFC 9110 §15.5.6: a 405 carries `Allow` (found by an API walkthrough: it had none)."""
+    status, body, resp = await api.call("DELETE", "/api/v1/runs")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"
+    assert set(resp.headers["Allow"].split(", ")) == {"GET", "POST"}
+
+
+async def test_a_body_not_sent_as_json_is_415_and_nothing_is_launched(api: Api) -> None:
+    """`text/plain`, a form (curl's `-d` without `-H`) or bytes were parsed as JSON anyway:
+    now 415 with the header to send; a body without `Content-Type` is still read as JSON."""
+    payload = b'{"workflow": ' + json.dumps(HELLO).encode() + b"}"
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "application/octet-stream"):
+        status, body, _ = await api.call(
+            "POST", "/api/v1/runs", data=payload, headers={"Content-Type": kind}
+        )
+        assert status == 415, (kind, body)
+        assert body["error"]["code"] == "unsupported_media_type"
+        assert "application/json" in body["error"]["remedy"]
+    assert (await api.fleet.store.list_runs(RunQuery(tenant="default"))).runs == []
+    for kind in ("application/json; charset=utf-8", "application/merge-patch+json"):
+        status, body, _ = await api.call(
+            "POST", "/api/v1/runs", data=payload, headers={"Content-Type": kind}
+        )
+        assert status == 201, (kind, body)
+
+
+async def test_an_unknown_query_parameter_is_refused_not_ignored(api: Api) -> None:
+    """`?stauts=failed` listed every run as if it were the answer (an API walkthrough)."""
+    status, body, _ = await api.call("GET", "/api/v1/runs?stauts=failed", template="/api/v1/runs")
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert "'stauts'" in body["error"]["message"]
+    assert "status" in body["error"]["remedy"]
+    status, body, _ = await api.call("GET", "/api/v1/runs?status=failed", template="/api/v1/runs")
+    assert status == 200, body
 
 
 async def test_a_body_nested_too_deeply_is_the_typed_400_for_malformed_json(api: Api) -> None:
