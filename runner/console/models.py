@@ -46,6 +46,13 @@ class Health(BaseModel):
     status: Literal["ok"] = "ok"
 
 
+class Readiness(BaseModel):
+    """`/readyz`: whether this server can act now — NATS (JetStream) and the store answer."""
+
+    ok: bool
+    problems: list[str]
+
+
 # -- runs -----------------------------------------------------------------------------------
 
 

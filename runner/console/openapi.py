@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from runner.console.models import ErrorResponse, Health
+from runner.console.models import ErrorResponse, Health, Readiness
 from runner.console.routing import Route
 
 REF = "#/components/schemas/{model}"
@@ -52,6 +52,7 @@ def _models(routes: tuple[Route, ...]) -> list[tuple[type[BaseModel], JsonSchema
     pairs: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         (ErrorResponse, "serialization"),
         (Health, "serialization"),
+        (Readiness, "serialization"),
     ]
     for route in routes:
         if route.body is not None:
@@ -140,6 +141,20 @@ def document(routes: tuple[Route, ...]) -> dict[str, Any]:
             "security": [],
             "responses": {
                 "200": {"description": "up", "content": _json({"$ref": REF.format(model="Health")})}
+            },
+        }
+    }
+    paths["/readyz"] = {
+        method: {
+            "operationId": "readyz",
+            "summary": "Readiness: NATS and the store answer (no token needed)",
+            "security": [],
+            "responses": {
+                status: {
+                    "description": what,
+                    "content": _json({"$ref": REF.format(model="Readiness")}),
+                }
+                for status, what in (("200", "ready"), ("503", "not ready: `problems` says why"))
             },
         }
     }

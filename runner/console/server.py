@@ -18,17 +18,18 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from publisher.connection import connect
 from publisher.nats_errors import NATS_ERRORS, translate_nats_error
 from runner.console.api import ROUTES
 from runner.console.auth import TokenBook, bearer, load_tokens
 from runner.console.errors import ApiError, error_json, response_for
-from runner.console.models import Health
+from runner.console.models import Health, Readiness
 from runner.console.openapi import document
 from runner.console.routing import ENV, PRINCIPAL, endpoint
 from runner.console.ui import create_ui
 from runner.console.ui_fleet import RUNNERS, RunnerSource
 from runner.operations import Env, open_env
-from store import RunfleetError
+from store import RunfleetError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,10 @@ DEFAULT_PORT = 8470
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 SHUTDOWN_S = 5.0
 """How long a stop waits for open requests (a followed event stream never ends by itself)."""
-OPEN_PATHS = frozenset({"/healthz", "/", "/ui", "/favicon.ico"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/ui", "/favicon.ico"})
 """Served without a token: health, and the ways into the console (which has its own login)."""
+STORE_READY_WITHIN_S = 3.0
+"""How long `/readyz` waits for the store's ping (a probe's own timeout is about this)."""
 UI_PREFIX = "/ui"
 """The console's pages: a browser has no bearer header, so they authenticate by their own
 session cookie and CSRF token (`pages`, `ui_auth`)."""
@@ -162,6 +165,53 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text=Health().model_dump_json(), content_type="application/json")
 
 
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness, apart from liveness (`/healthz`): every operation but a store read needs
+    NATS, so a server whose NATS or store does not answer is taken out of a Service's
+    endpoints rather than answering 503 to each caller (found by an API walkthrough: `/healthz`
+    said ok with NATS down). A connection per probe: the server holds none between requests.
+    It answers without a token (a probe has none), so `problems` holds error codes only; the
+    log has the messages."""
+    env = request.app[ENV]
+    found = await asyncio.gather(_nats_problem(env), _store_problem(env))
+    problems = [p for p in found if p is not None]
+    body = Readiness(ok=not problems, problems=problems).model_dump_json()
+    return web.Response(
+        text=body, status=503 if problems else 200, content_type="application/json"
+    )
+
+
+async def _nats_problem(env: Env) -> str | None:
+    try:
+        nc, js = await connect(env.nats(), name=f"{env.client}-readyz")
+    except RunfleetError as exc:
+        return _not_ready("nats", exc)
+    try:
+        await js.account_info()  # JetStream answers, not only the server
+    except NATS_ERRORS as exc:
+        return _not_ready("nats", translate_nats_error(exc))
+    finally:
+        await nc.close()
+    return None
+
+
+def _not_ready(part: str, exc: RunfleetError) -> str:
+    log.warning("not ready: %s: %s", part, exc.message)
+    return f"{part}: {exc.code}"
+
+
+async def _store_problem(env: Env) -> str | None:
+    try:
+        async with asyncio.timeout(STORE_READY_WITHIN_S):
+            await env.store.ping()
+    except TimeoutError:
+        log.warning("not ready: store: no answer within %g s", STORE_READY_WITHIN_S)
+        return "store: store_timeout"
+    except StoreError as exc:
+        return _not_ready("store", exc)
+    return None
+
+
 async def openapi_json(request: web.Request) -> web.Response:
     return web.json_response(request.app[OPENAPI])
 
@@ -194,6 +244,7 @@ def create_app(
         app[RUNNERS] = runners
     app[OPENAPI] = document(ROUTES)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/", home)
     app.router.add_get(UI_PREFIX, home)  # `/ui` answered the API's 401 JSON
     app.router.add_get("/favicon.ico", no_icon)  # browsers ask on every page: not a 401

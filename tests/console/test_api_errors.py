@@ -4,6 +4,7 @@ error body and codes, unreachable infrastructure as 503 with `Retry-After`, one 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from runner.console.errors import REFUSAL_STATUS, RETRY_AFTER_S, status_for
 from runner.operations import Env
 from store import Refusal, RunQuery, RunStatus
 from store.errors import _CODES, RunfleetError
+from store.url import open_store
 from store.staging import StagedUploadInvalid, StagedUploadNotFound
 from tests.console.conftest import OP_A, TOKENS, Api, fleet_env, validate
 from tests.publisher.conftest import EXAMPLES, put_run
@@ -112,6 +114,38 @@ async def test_nats_unreachable_is_503_with_retry_after(
     # the store answers still: a read that needs no NATS works
     resp = await api_without_nats.get(f"/api/v1/runs/{paused.run_id}", headers=auth)
     assert resp.status == 200
+
+
+async def test_readyz_is_ready_when_nats_and_the_store_answer_and_needs_no_token(
+    api: Api,
+) -> None:
+    status, body, _ = await api.call("GET", "/readyz", token=None)
+    assert (status, body) == (200, {"ok": True, "problems": []})
+
+
+async def test_readyz_is_503_naming_nats_when_nats_is_unreachable_while_healthz_stays_ok(
+    api_without_nats: TestClient[web.Request, web.Application],
+) -> None:
+    """`/healthz` is liveness (restarting the server would not bring NATS back); `/readyz`
+    takes it out of a Service's endpoints. Codes only: it answers without a token."""
+    resp = await api_without_nats.get("/readyz")
+    body = await resp.json()
+    assert resp.status == 503, body
+    assert body == {"ok": False, "problems": ["nats: nats_unavailable"]}
+    validate("/readyz", "GET", 503, body)
+    assert (await api_without_nats.get("/healthz")).status == 200
+
+
+async def test_readyz_names_a_store_that_does_not_answer(fleet: Fleet) -> None:
+    env = fleet_env(fleet)
+    closed = await open_store(f"sqlite:///{fleet.tmp / 'elsewhere.db'}")
+    await closed.close()
+    app = create_app(dataclasses.replace(env, store=closed), TOKENS)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/readyz")
+        body = await resp.json()
+    assert resp.status == 503, body
+    assert body["problems"] and all(p.startswith("store: ") for p in body["problems"]), body
 
 
 async def test_unknown_routes_and_methods_answer_the_error_shape_with_a_remedy(api: Api) -> None:

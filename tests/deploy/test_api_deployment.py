@@ -1,6 +1,6 @@
 """The HTTP API as its own Deployment (issue 22 item 2; SPEC v2.2 §10c, §11): stateless, behind
-a Service, probed on `/healthz`, its bearer tokens from a Secret, reading the runners' ConfigMap
-and store Secrets. Checked offline on the objects `kubectl kustomize` renders (the fixtures of
+a Service, probed on `/readyz` and `/healthz`, its bearer tokens from a Secret, reading the
+runners' ConfigMap and store Secrets. Checked offline on the objects `kubectl kustomize` renders (the fixtures of
 conftest.py, the helpers of manifests.py); what the container runs is resolved against the real
 CLI."""
 
@@ -95,15 +95,16 @@ def test_api_deployment_is_stateless_behind_a_service(
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
-def test_api_probes_hit_healthz_without_a_token(
+def test_api_probes_hit_readyz_and_healthz_without_a_token(
     rendered: dict[str, list[Manifest]], build: str
 ) -> None:
-    """The kubelet sends no token: the probes use `/healthz`, a path the server answers
-    without one (`server.OPEN_PATHS`), on the API's own port."""
+    """The kubelet sends no token: readiness asks `/readyz` (NATS and the store answer),
+    liveness `/healthz`, paths the server answers without one (`server.OPEN_PATHS`), on the
+    API's own port."""
     container = only_container(api_deployment(rendered[build]))
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = container[probe]["httpGet"]
-        assert (get["path"], get["port"]) == ("/healthz", API_PORT_NAME), probe
+        assert (get["path"], get["port"]) == (path, API_PORT_NAME), probe
         assert get["path"] in server.OPEN_PATHS
 
 

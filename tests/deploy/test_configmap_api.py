@@ -113,6 +113,10 @@ async def test_api_replicas_serve_from_the_pods_environment_and_share_no_state(
                 200,
                 {"status": "ok"},
             )
+            assert await asyncio.to_thread(request, port, "GET", "/readyz") == (
+                200,
+                {"ok": True, "problems": []},
+            )
             status, body = await asyncio.to_thread(request, port, "GET", "/api/v1/runs")
             assert (status, body["error"]["code"]) == (401, "unauthorized")
 
