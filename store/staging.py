@@ -61,8 +61,7 @@ class StagedUploadInUse(Refusal, code="upload_in_use"):
     staged upload is used once). A refusal: the CLI's exit 3, the API's 409."""
 
     remedy = (
-        "stage the file again for this run; the upload is free again only if the other "
-        "launch fails"
+        "stage the file again for this run; the upload is free again only if the other launch fails"
     )
 
 
@@ -157,9 +156,9 @@ class StagingStore:
         (unless `discard=False`: a caller promoting several uploads discards them once all
         landed, so a failure part-way leaves every upload id usable for a retry). Returns the
         files with their new keys. The upload is claimed for `run_id` first: another run's claim
-        refuses it (`StagedUploadInUse`). On failure the copies are removed and the
-        claim released, the upload left as it was. `rename` gives a one-file upload the attachment name the launch chose
-        (`--attach name=upload:ID`)."""
+        refuses it (`StagedUploadInUse`). On failure the copies are removed and the claim
+        released, the upload left as it was. `rename` gives a one-file upload the attachment
+        name the launch chose (`--attach name=upload:ID`)."""
         try:
             validate_segment(run_id, what="run id")
             if rename is not None:

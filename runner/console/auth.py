@@ -11,18 +11,26 @@ operation to it (`api.scoped`), so another tenant's run or record reads as not f
 
 Tokens are kept by their SHA-256 only, and looked up by the hash of what was presented: no
 comparison runs over the secret itself, and a dump of the book holds no usable token.
+
+The file is read again when it changes (`TokenSource`): a token added to or removed from the
+mounted Secret takes effect within a second or so of the kubelet swapping the file, without
+a restart. A file that no longer reads keeps the tokens read before, and says so in the log.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from store.settings import SettingProblem, SettingsInvalid
+
+log = logging.getLogger(__name__)
 
 Role = Literal["read", "operate"]
 ROLES: tuple[Role, ...] = ("read", "operate")
@@ -107,6 +115,69 @@ def load_tokens(default_tenant: str, environ: Mapping[str, str] | None = None) -
     if console:
         tokens[console] = Principal(default_tenant, "operate")
     return TokenBook.of(tokens)
+
+
+RECHECK_S = 1.0
+"""How often, at most, a request makes the server look whether the token file changed."""
+
+
+class TokenSource:
+    """The token book as the file says now: read again when `RUNFLEET_API_TOKENS` changes
+    (its inode, size or modification time: a Secret's update swaps the file), looked at no
+    more than once per `RECHECK_S`, on a request (found by an API walkthrough: a revoked token
+    worked until a restart)."""
+
+    def __init__(
+        self, book: TokenBook, path: Path | None = None, load: Callable[[], TokenBook] | None = None
+    ) -> None:
+        self._book = book
+        self._path = path
+        self._load = load
+        self._stamp = _stamp(path) if path is not None else None
+        self._checked = time.monotonic()
+
+    @classmethod
+    def fixed(cls, book: TokenBook) -> TokenSource:
+        return cls(book)
+
+    @classmethod
+    def from_env(cls, default_tenant: str, environ: Mapping[str, str] | None = None) -> TokenSource:
+        """`load_tokens` now (a file that does not read is a usage error, exit 2), and again
+        whenever the file changes."""
+        environ = dict(os.environ if environ is None else environ)
+        path = environ.get(TOKENS_FILE)
+        book = load_tokens(default_tenant, environ)
+        if not path:
+            return cls(book)
+        return cls(book, Path(path), lambda: load_tokens(default_tenant, environ))
+
+    def book(self) -> TokenBook:
+        if self._path is None or self._load is None:
+            return self._book
+        now = time.monotonic()
+        if now - self._checked < RECHECK_S:
+            return self._book
+        self._checked = now
+        stamp = _stamp(self._path)
+        if stamp == self._stamp:
+            return self._book
+        self._stamp = stamp
+        try:
+            fresh = self._load()
+        except SettingsInvalid as exc:
+            log.error("the tokens read before stay: %s", exc.message)
+            return self._book
+        log.info("%s changed: %d token(s) now", TOKENS_FILE, len(fresh))
+        self._book = fresh
+        return fresh
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def bearer(header: str | None) -> str | None:

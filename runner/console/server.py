@@ -21,7 +21,7 @@ from aiohttp import web
 from publisher.connection import connect
 from publisher.nats_errors import NATS_ERRORS, translate_nats_error
 from runner.console.api import ROUTES
-from runner.console.auth import TokenBook, bearer, load_tokens
+from runner.console.auth import TokenBook, TokenSource, bearer
 from runner.console.errors import ApiError, error_json, response_for
 from runner.console.models import Health, Readiness
 from runner.console.openapi import document
@@ -109,7 +109,7 @@ def url_of(address: Any) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-TOKENS = web.AppKey("runfleet.tokens", TokenBook)
+TOKENS = web.AppKey("runfleet.tokens", TokenSource)
 OPENAPI = web.AppKey("runfleet.openapi", dict[str, Any])
 
 
@@ -128,8 +128,8 @@ async def errors_middleware(request: web.Request, handler: Next) -> web.StreamRe
         # RFC 9110 §15.5.6: a 405 says which methods the resource has.
         allow = getattr(exc, "allowed_methods", None)
         headers = {"Allow": ", ".join(sorted(allow))} if allow else None
-        error = ApiError(exc.status, code.get(exc.status, "http_error"), exc.reason, headers=headers)
-        return response_for(error)
+        code_ = code.get(exc.status, "http_error")
+        return response_for(ApiError(exc.status, code_, exc.reason, headers=headers))
     except asyncio.CancelledError:
         raise
     except Exception:  # the last line: logged here, answered without internals
@@ -149,7 +149,7 @@ async def auth_middleware(request: web.Request, handler: Next) -> web.StreamResp
     if request.path in OPEN_PATHS or request.path.startswith(f"{UI_PREFIX}/"):
         return await handler(request)
     token = bearer(request.headers.get("Authorization"))
-    principal = request.app[TOKENS].lookup(token) if token is not None else None
+    principal = request.app[TOKENS].book().lookup(token) if token is not None else None
     if principal is None:
         raise ApiError(
             401,
@@ -176,9 +176,7 @@ async def readyz(request: web.Request) -> web.Response:
     found = await asyncio.gather(_nats_problem(env), _store_problem(env))
     problems = [p for p in found if p is not None]
     body = Readiness(ok=not problems, problems=problems).model_dump_json()
-    return web.Response(
-        text=body, status=503 if problems else 200, content_type="application/json"
-    )
+    return web.Response(text=body, status=503 if problems else 200, content_type="application/json")
 
 
 async def _nats_problem(env: Env) -> str | None:
@@ -226,7 +224,7 @@ async def no_icon(request: web.Request) -> web.Response:
 
 def create_app(
     env: Env,
-    tokens: TokenBook,
+    tokens: TokenBook | TokenSource,
     *,
     open_reads: bool = True,
     runners: RunnerSource | None = None,
@@ -239,6 +237,8 @@ def create_app(
         middlewares=[errors_middleware, auth_middleware], client_max_size=BODY_MAX
     )
     app[ENV] = env
+    if isinstance(tokens, TokenBook):
+        tokens = TokenSource.fixed(tokens)
     app[TOKENS] = tokens
     if runners is not None:
         app[RUNNERS] = runners
@@ -267,8 +267,8 @@ async def serve(
     on `host`:`port` — or on `sock` when the caller bound it already (`listening_socket`).
     `started` is told the URL once the socket listens; `BindFailed` if it cannot listen."""
     async with open_env(client="runfleet-console") as env:
-        tokens = load_tokens(env.tenant)
-        if not len(tokens):
+        tokens = TokenSource.from_env(env.tenant)
+        if not len(tokens.book()):
             log.warning(
                 "no RUNFLEET_API_TOKENS or RUNFLEET_CONSOLE_TOKEN: every request is refused"
             )

@@ -17,7 +17,7 @@ import asyncio
 from aiohttp import web
 
 from runner.console import ui_dlq, ui_fleet, ui_runs
-from runner.console.auth import TokenBook
+from runner.console.auth import TokenSource
 from runner.console.pages import (
     HERE,
     OPEN_READS,
@@ -33,7 +33,7 @@ from runner.console.pages import (
 from runner.console.ui_auth import SessionSigner
 
 
-def create_ui(tokens: TokenBook, *, open_reads: bool) -> web.Application:
+def create_ui(tokens: TokenSource, *, open_reads: bool) -> web.Application:
     """The console's pages, to mount at `pages.PREFIX` on the API's app (they read its `ENV`
     through `config_dict`). `open_reads`: reading needs no login (loopback only)."""
     ui = web.Application(middlewares=[ui_middleware])

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from runner.console.auth import Principal, TokenBook
+from runner.console.auth import Principal, TokenBook, TokenSource
 
 COOKIE = "runfleet_session"
 SESSION_TTL_S = 12 * 3600.0
@@ -103,13 +103,28 @@ def _unb64(text: str) -> bytes:
 class SessionSigner:
     """Writes and reads the session cookie: `payload.signature`, HMAC-SHA256."""
 
-    def __init__(self, tokens: TokenBook) -> None:
-        self.tokens = tokens
-        if len(tokens):
-            material = "\n".join(sorted(tokens.by_digest)).encode()
-            self.key = hashlib.sha256(b"runfleet console session\n" + material).digest()
-        else:
-            self.key = secrets.token_bytes(32)
+    def __init__(self, source: TokenSource) -> None:
+        self.source = source
+        self._keyed: tuple[TokenBook, bytes] | None = None
+
+    @property
+    def tokens(self) -> TokenBook:
+        """The tokens as the file says now (`TokenSource`)."""
+        return self.source.book()
+
+    @property
+    def key(self) -> bytes:
+        """Derived from the tokens' digests, so every replica serving them signs alike; a
+        change of the tokens changes it, which logs every console session out."""
+        book = self.tokens
+        if self._keyed is None or self._keyed[0] is not book:
+            if len(book):
+                material = "\n".join(sorted(book.by_digest)).encode()
+                key = hashlib.sha256(b"runfleet console session\n" + material).digest()
+            else:
+                key = secrets.token_bytes(32)
+            self._keyed = (book, key)
+        return self._keyed[1]
 
     def _sign(self, payload: str) -> str:
         return hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()

@@ -4,13 +4,15 @@ they answer exactly as things that do not exist."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
-from runner.console import Principal, load_tokens
+from runner.console import Principal, auth, create_app, load_tokens
 from runner.console.api import ROUTES
-from runner.console.auth import parse_tokens
+from runner.console.auth import TokenSource, parse_tokens
 from store import RunStatus
 from store.settings import SettingsInvalid
 from tests.console.conftest import OP_B, READ_A, Api
@@ -122,3 +124,36 @@ def test_a_tokens_line_that_does_not_read_is_a_usage_error_naming_the_line(line:
     assert "RUNFLEET_API_TOKENS" in str(info.value.problems[0].message)
     assert "line 2" in info.value.problems[0].message
     assert "abc" not in info.value.problems[0].message.replace("/etc/tokens", "")
+
+
+async def test_a_token_file_change_takes_effect_without_a_restart(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an API walkthrough: a token removed from the file (a revoked one) worked until
+    the server restarted. The file is swapped as a Secret's update swaps it; one that does not
+    read keeps the tokens read before. (Every request looks here; the server looks once a
+    second at most.)"""
+    monkeypatch.setattr(auth, "RECHECK_S", 0.0)
+    path = tmp_path / "tokens"
+    path.write_text("old-token default operate\n")
+    source = TokenSource.from_env("default", {"RUNFLEET_API_TOKENS": str(path)})
+
+    def swap(text: str) -> None:
+        fresh = tmp_path / "tokens.new"
+        fresh.write_text(text)
+        os.replace(fresh, path)
+
+    async with TestClient(TestServer(create_app(api.env, source))) as client:
+
+        async def status_with(token: str) -> int:
+            resp = await client.get("/api/v1/runs", headers={"Authorization": f"Bearer {token}"})
+            return resp.status
+
+        assert await status_with("old-token") == 200
+        swap("new-token default read\n")
+        assert await status_with("new-token") == 200
+        assert await status_with("old-token") == 401
+
+        swap("new-token default admin\nold-token default operate\n")  # does not read
+        assert await status_with("new-token") == 200
+        assert await status_with("old-token") == 401

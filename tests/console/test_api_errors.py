@@ -20,8 +20,8 @@ from runner.console.errors import REFUSAL_STATUS, RETRY_AFTER_S, status_for
 from runner.operations import Env
 from store import Refusal, RunQuery, RunStatus
 from store.errors import _CODES, RunfleetError
-from store.url import open_store
 from store.staging import StagedUploadInvalid, StagedUploadNotFound
+from store.url import open_store
 from tests.console.conftest import OP_A, TOKENS, Api, fleet_env, validate
 from tests.publisher.conftest import EXAMPLES, put_run
 from tests.runner.conftest import Fleet

@@ -1,8 +1,8 @@
 """The HTTP API as its own Deployment (issue 22 item 2; SPEC v2.2 §10c, §11): stateless, behind
 a Service, probed on `/readyz` and `/healthz`, its bearer tokens from a Secret, reading the
-runners' ConfigMap and store Secrets. Checked offline on the objects `kubectl kustomize` renders (the fixtures of
-conftest.py, the helpers of manifests.py); what the container runs is resolved against the real
-CLI."""
+runners' ConfigMap and store Secrets. Checked offline on the objects `kubectl kustomize`
+renders (the fixtures of conftest.py, the helpers of manifests.py); what the container runs is
+resolved against the real CLI."""
 
 from __future__ import annotations
 
