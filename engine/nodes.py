@@ -96,6 +96,9 @@ async def run_tool(
         command = render(node.run, scope, shell=True)
     except TemplateError as exc:
         return template_failed(node_id, exc)
+    unrunnable = _unrunnable(node_id, command)
+    if unrunnable is not None:
+        return unrunnable
     box = await sandbox()
     captured = bytearray()
     overflow = False
@@ -140,6 +143,31 @@ async def run_tool(
         except json.JSONDecodeError as exc:
             return NodeFailed(FailureCode.SCHEMA_VALIDATION, f"{node_id}: stdout not JSON: {exc}")
     return NodeOk(text.rstrip("\n"))
+
+
+MAX_COMMAND_BYTES = 128 * 1024 - 1
+"""Linux's `MAX_ARG_STRLEN` (32 pages) less the NUL: the longest one argument of `sh -c` may be."""
+
+
+def _unrunnable(node_id: str, command: str) -> NodeFailed | None:
+    """A command no `exec` can take fails its node for good, before a sandbox is asked: it was
+    a `SandboxLost` (transient), retried and auto-resumed to the same end (found by a
+    walkthrough: a var with a NUL byte, and one of 200 KB)."""
+    if "\x00" in command:
+        return NodeFailed(
+            FailureCode.TOOL_FAILED_PERMANENT,
+            f"{node_id}: the command holds a NUL byte (from a rendered value), which no command "
+            "line can carry",
+        )
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        return NodeFailed(
+            FailureCode.TOOL_FAILED_PERMANENT,
+            f"{node_id}: the rendered command is {size} bytes, over the {MAX_COMMAND_BYTES} one "
+            "command line can carry; pass a large value as a file (an attachment, or a file "
+            "an earlier node writes to the workspace or $RUNFLEET_SCRATCH_DIR)",
+        )
+    return None
 
 
 def _tool_error(node_id: str, result: Any) -> str:

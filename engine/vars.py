@@ -63,6 +63,8 @@ def resolve_vars(workflow: Workflow, inputs: Mapping[str, Any]) -> dict[str, Any
     out: dict[str, Any] = {}
     for name, spec in workflow.vars.items():
         if name in inputs:
+            if isinstance(inputs[name], str) and "\x00" in inputs[name]:  # not at a tool node
+                raise VarsInvalid(name, "holds a NUL byte, which no command line can carry")
             out[name] = _coerce(name, spec.type, inputs[name])
         elif spec.default is not None:
             out[name] = spec.default
