@@ -18,6 +18,7 @@ import click
 
 from engine.errors import WorkflowInvalid
 from engine.loader import LoadedWorkflow, load_workflow_file
+from engine.references import output_references
 from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, Node, ToolNode, Workflow
 from runner.cli.errors import EXIT_REFUSED
 from runner.cli.runtime import command, json_option
@@ -80,7 +81,7 @@ def warnings(workflow: Workflow) -> list[str]:
     a node nothing reaches; a resumable fail node without the one guard a resume re-judges
     (it ends the run `failed`, as docs/workflows.md says, and that is knowable now); a cycle
     no edge of which has a `loop` cap, with no iteration budget either, which only a person
-    stops."""
+    stops; an `outputs.X` (`outputs['X']`) where no node is X (`engine.references`)."""
     said = [
         f"node {nid!r} is not reachable from entry {workflow.entry!r}"
         for nid in unreachable(workflow)
@@ -100,6 +101,12 @@ def warnings(workflow: Workflow) -> list[str]:
             said.append(
                 f"nodes {', '.join(repr(n) for n in cycle)} form a cycle with no `loop` cap on"
                 " any of its edges and no budget max_iterations: nothing stops it but a cancel"
+            )
+    for where, name in dict.fromkeys(output_references(workflow)):
+        if name not in workflow.nodes:
+            said.append(
+                f"{where} names outputs.{name}, but no node is called {name!r}: it fails"
+                " EXPRESSION_FAILED when it runs"
             )
     return said
 

@@ -136,3 +136,26 @@ def test_validate_warns_of_a_resumable_fail_node_without_a_guard_and_an_uncapped
     capped = tmp_path / "capped.yaml"
     capped.write_text(WARNED.replace("name: warned", "name: capped\nbudget: {max_iterations: 50}"))
     assert "form a cycle" not in validate(tmp_path, str(capped)).stdout
+
+
+def test_validate_warns_of_outputs_naming_a_node_the_workflow_does_not_have(
+    tmp_path: Path,
+) -> None:
+    """A workflow walkthrough: `{{ outputs.fetchh }}` loaded `ok` and failed
+    `EXPRESSION_FAILED` at its node, runs later. A name a node has is not warned about."""
+    source = tmp_path / "typo.yaml"
+    source.write_text(
+        "name: typo\nentry: fetch\nnodes:\n"
+        "  fetch: {kind: tool, run: echo 1}\n"
+        "  use: {kind: tool, run: 'echo {{ outputs.fetchh }} {{ outputs.fetch }}'}\n"
+        "edges:\n  - {from: fetch, to: use}\n"
+    )
+
+    result = validate(tmp_path, str(source))
+
+    assert result.returncode == 0, result.stderr
+    assert (
+        "warning: node 'use' names outputs.fetchh, but no node is called 'fetchh': it fails"
+        " EXPRESSION_FAILED when it runs" in result.stdout
+    )
+    assert "outputs.fetch," not in result.stdout

@@ -1,0 +1,104 @@
+"""Which nodes' outputs a workflow's expressions and templates name (`outputs.X`,
+`outputs['X']`): read from their syntax trees, never by pattern over the text, so a shell
+command that merely prints the word `outputs.x` outside `{{ }}` names nothing.
+
+`runfleet validate` warns of a name no node has: such a reference can only fail
+`EXPRESSION_FAILED` when it runs (found by a workflow author's walkthrough, who met it at the
+fourth node of a run). A warning, not a load error: `outputs.get('x')` and `'x' in outputs`
+are how a workflow asks after an output that may not be there, and they stay quiet.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from typing import Any
+
+import jinja2
+from jinja2 import nodes as jnodes
+
+from engine.templates import is_template
+from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, ToolNode, Workflow
+
+_PARSER = jinja2.Environment()
+"""Parsing only (no rendering): the engine's sandboxed environments share Jinja's syntax."""
+
+
+def output_references(workflow: Workflow) -> Iterator[tuple[str, str]]:
+    """(where, node name) for every `outputs.<name>` an expression or a template names."""
+    for i, edge in enumerate(workflow.edges):
+        if edge.when is not None:
+            for name in _in_expression(edge.when):
+                yield f"edges[{i}].when", name
+    for node_id, node in workflow.nodes.items():
+        where = f"node {node_id!r}"
+        if isinstance(node, ToolNode):
+            texts: list[str] = [node.run]
+        elif isinstance(node, ComputeNode):
+            for expr in node.set.values():
+                for name in _in_expression(expr):
+                    yield where, name
+            continue
+        elif isinstance(node, CallNode):
+            texts = list(_strings(node.inputs))
+        elif isinstance(node, HumanNode | FailNode):
+            texts = [node.message]
+        else:
+            continue
+        for text in texts:
+            for name in _in_template(text):
+                yield where, name
+
+
+def _in_expression(expr: str) -> Iterator[str]:
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, RecursionError, MemoryError):
+        return  # the loader has said so already
+    called = {id(sub.func) for sub in ast.walk(tree) if isinstance(sub, ast.Call)}
+    for sub in ast.walk(tree):
+        if id(sub) in called:  # `outputs.get(...)`: a method, not a node
+            continue
+        if isinstance(sub, ast.Attribute) and _is_outputs(sub.value):
+            yield sub.attr
+        elif (
+            isinstance(sub, ast.Subscript)
+            and _is_outputs(sub.value)
+            and isinstance(sub.slice, ast.Constant)
+            and isinstance(sub.slice.value, str)
+        ):
+            yield sub.slice.value
+
+
+def _is_outputs(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "outputs"
+
+
+def _in_template(text: str) -> Iterator[str]:
+    if not is_template(text):
+        return
+    try:
+        tree = _PARSER.parse(text)
+    except (jinja2.TemplateSyntaxError, RecursionError, MemoryError):
+        return
+    called = {id(call.node) for call in tree.find_all(jnodes.Call)}
+    for sub in tree.find_all((jnodes.Getattr, jnodes.Getitem)):
+        if id(sub) in called or not (
+            isinstance(sub.node, jnodes.Name) and sub.node.name == "outputs"
+        ):
+            continue
+        if isinstance(sub, jnodes.Getattr):
+            yield sub.attr
+        elif isinstance(sub.arg, jnodes.Const) and isinstance(sub.arg.value, str):
+            yield sub.arg.value
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
