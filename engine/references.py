@@ -83,14 +83,18 @@ def _in_template(text: str) -> Iterator[str]:
         return
     called = {id(call.node) for call in tree.find_all(jnodes.Call)}
     for sub in tree.find_all((jnodes.Getattr, jnodes.Getitem)):
-        if id(sub) in called or not (
-            isinstance(sub.node, jnodes.Name) and sub.node.name == "outputs"
-        ):
+        if id(sub) in called or not _is_outputs_name(getattr(sub, "node", None)):
             continue
         if isinstance(sub, jnodes.Getattr):
             yield sub.attr
-        elif isinstance(sub.arg, jnodes.Const) and isinstance(sub.arg.value, str):
-            yield sub.arg.value
+        elif isinstance(sub, jnodes.Getitem):
+            arg = sub.arg
+            if isinstance(arg, jnodes.Const) and isinstance(arg.value, str):
+                yield arg.value
+
+
+def _is_outputs_name(node: object) -> bool:
+    return isinstance(node, jnodes.Name) and node.name == "outputs"
 
 
 def _strings(value: Any) -> Iterator[str]:
