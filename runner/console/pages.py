@@ -36,6 +36,7 @@ from runner.console.ui_auth import (
     set_cookie,
     token_digest,
 )
+from runner.operations.errors import is_refusal
 from store import RunfleetError, utcnow
 
 log = logging.getLogger(__name__)
@@ -102,8 +103,10 @@ def fragment(name: str, **context: Any) -> str:
 
 def page(request: web.Request, name: str, status: int = 200, **context: Any) -> web.Response:
     viewer = request[VIEWER]
-    flash = viewer.session.take_flash()
-    html = fragment(name, viewer=viewer, path=request.path_qs, flash=flash, **context)
+    flash, refused = viewer.session.take_flash(), viewer.session.take_refused()
+    html = fragment(
+        name, viewer=viewer, path=request.path_qs, flash=flash, refused=refused, **context
+    )
     return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
 
 
@@ -201,6 +204,11 @@ def _anonymous(request: web.Request) -> Principal:
 _RUN_ACTION = re.compile(r"^/ui/runs/([^/]+)/[a-z_]+$")
 
 
+def _refusal_line(exc: RunfleetError) -> str:
+    remedy = exc.remedy
+    return f"refused ({exc.code}): {exc.message}" + (f" — {remedy}" if remedy else "")
+
+
 def _error_page(request: web.Request, status: int, error: dict[str, object]) -> web.Response:
     """A refusal's page, with the way back to where the person was: a refused action on a run
     (`/ui/runs/RUN/resume`) links that run's page, whose address a reload can take without
@@ -283,6 +291,12 @@ async def _guarded(request: web.Request, handler: Next, logged_in: bool) -> web.
     except ApiError as exc:
         return _error_page(request, exc.status, exc.to_dict())
     except RunfleetError as exc:
+        back = _RUN_ACTION.match(request.path) if request.method == "POST" else None
+        if back is not None and is_refusal(exc):
+            # Back to the run's page, which shows the refusal above it as it is now (found by
+            # walkthroughs: a refusal replaced the page, and its address was the POST's).
+            request[VIEWER].session.refuse(_refusal_line(exc))
+            return redirect(f"{PREFIX}/runs/{back.group(1)}")
         status = status_for(exc)
         body: dict[str, object] = (
             dict(exc.to_dict()) if status != 500 else {"code": exc.code, "message": exc.message}

@@ -48,6 +48,8 @@ class Session:
     expires: float = field(default_factory=lambda: time.time() + SESSION_TTL_S)
     flash: str | None = None
     """What the last action did, shown once on the next page."""
+    refused: str | None = None
+    """Why the last action was refused, shown once on the page it was asked from."""
     changed: bool = True
     """The browser's cookie must be (re)written."""
 
@@ -59,6 +61,15 @@ class Session:
         if flash is not None:
             self.flash, self.changed = None, True
         return flash
+
+    def refuse(self, message: str) -> None:
+        self.refused, self.changed = message[:FLASH_MAX], True
+
+    def take_refused(self) -> str | None:
+        refused = self.refused
+        if refused is not None:
+            self.refused, self.changed = None, True
+        return refused
 
 
 @dataclass(frozen=True)
@@ -130,7 +141,13 @@ class SessionSigner:
         return hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
 
     def dump(self, session: Session) -> str:
-        body = {"c": session.csrf, "d": session.digest, "e": session.expires, "f": session.flash}
+        body = {
+            "c": session.csrf,
+            "d": session.digest,
+            "e": session.expires,
+            "f": session.flash,
+            "r": session.refused,
+        }
         payload = _b64(json.dumps(body, separators=(",", ":")).encode())
         return f"{payload}.{self._sign(payload)}"
 
@@ -149,6 +166,7 @@ class SessionSigner:
                 digest=None if body["d"] is None else str(body["d"]),
                 expires=float(body["e"]),
                 flash=None if body["f"] is None else str(body["f"]),
+                refused=None if body.get("r") is None else str(body["r"]),
                 changed=False,
             )
         except (ValueError, KeyError, TypeError):

@@ -354,15 +354,25 @@ async def test_console_cancel_of_a_running_run_says_it_is_only_requested(api: Ap
     assert (await api.env.store.get_run(run.run_id)).cancel_requested
 
 
-async def test_console_a_refused_action_on_a_run_links_back_to_the_run(api: Api) -> None:
-    """The refusal page offered only "runs · DLQ", and its address was the action's POST."""
+async def test_console_a_refused_action_on_a_run_shows_the_refusal_on_the_runs_page(
+    api: Api,
+) -> None:
+    """The refusal replaced the page, offering only "runs · DLQ", at the action's POST address
+    (walkthroughs, twice): now the run's own page, as it is now, says what was refused, once."""
     run = await put_run(api.env.store, status=RunStatus.FINISHED)
     await log_in(api.client, OP_A)
     csrf = await csrf_of(api.client, f"/ui/runs/{run.run_id}")
-    resp = await api.client.post(f"/ui/runs/{run.run_id}/resume", data={"csrf": csrf})
-    html = await resp.text()
-    assert resp.status >= 400
-    assert f'<a id="back" href="/ui/runs/{run.run_id}">back to the run</a>' in html
+    resp = await api.client.post(
+        f"/ui/runs/{run.run_id}/resume", data={"csrf": csrf}, allow_redirects=False
+    )
+    assert resp.status == 303 and resp.headers["Location"] == f"/ui/runs/{run.run_id}"
+
+    status, html = await get_html(api.client, f"/ui/runs/{run.run_id}")
+    assert status == 200 and 'id="refused"' in html
+    assert "refused (run_not_resumable):" in html
+    assert 'id="cancel-form"' in html or 'id="summary"' in html  # the run's page itself
+    status, html = await get_html(api.client, f"/ui/runs/{run.run_id}")
+    assert 'id="refused"' not in html  # said once
 
 
 async def test_console_ui_without_its_slash_and_the_favicon_are_not_the_apis_401(
