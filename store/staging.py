@@ -14,7 +14,7 @@ naming one upload at once, one gets it and the other is refused `upload_in_use`)
 bytes to `runs/<run_id>/attachments/<name>` (checking each file's sha256 on the way) and then
 discards the upload; a failed promotion removes what it copied and releases the claim, so the
 launch can be retried. A claim left by a process that died mid-promotion holds the upload until
-it is reaped (`RUNFLEET_UPLOAD_TTL`); a retry for the same run id takes it back.
+it is reaped (`RUNFLEET_UPLOAD_TTL`); a retry for the same run id takes it back (ADR-0021).
 """
 
 from __future__ import annotations
