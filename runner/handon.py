@@ -16,6 +16,7 @@ answers would be silently dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import datetime
 from typing import Any
@@ -57,7 +58,9 @@ async def hand_on(svc: RunnerServices, delivery: Delivery, run: RunDocument, now
 async def publish_handoff(svc: RunnerServices, run: RunDocument) -> None:
     """Publish the handed-off attempt, record it and say `run_queued`. A failure here is
     logged, not raised: the run is `queued`/auto-resumable with no publication for its
-    attempt, which the sweeper republishes (SPEC §5.9)."""
+    attempt, which the sweeper republishes (SPEC §5.9). It is said on the run too
+    (`run_publish_failed`), where `events` and the console show it: the runner's log alone
+    was found by a cluster walkthrough to leave a quorum loss's stalled runs unexplained."""
     try:
         ack = await svc.publisher.publish(run, "handoff")
         await svc.publisher.record_publication(run, ack)
@@ -69,3 +72,15 @@ async def publish_handoff(svc: RunnerServices, run: RunDocument) -> None:
         )
     except (PublishFailed, DuplicatePublication, StoreError) as exc:
         log.warning("run %s: handoff publish failed (%s); the sweeper republishes", run.run_id, exc)
+        with contextlib.suppress(StoreError):
+            await svc.store.append_event(
+                run.run_id,
+                "run_publish_failed",
+                {
+                    "attempt": run.attempt,
+                    "kind": "handoff",
+                    "reason": str(exc)[:500],
+                    "next": "the sweeper republishes it once a runner sweeps",
+                },
+                attempt=run.attempt,
+            )
