@@ -6,7 +6,7 @@ so the walk in `execution.py` reads in one screen; it reads only what `NodeRunsH
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import copy
 import json
 import logging
 import time
@@ -155,13 +155,18 @@ class NodeRuns:
                 run_id=self.run_id,
                 node=node_id,
                 attempt=self.run_doc.attempt,
-                vars=self.checkpoint.vars,
-                outputs=self.checkpoint.outputs,
+                # Copies: "read-only" in the docs, and a callable that wrote into them changed
+                # the checkpoint, vars included (a walkthrough).
+                vars=copy.deepcopy(self.checkpoint.vars),
+                outputs=copy.deepcopy(self.checkpoint.outputs),
             )
-            try:
-                return await asyncio.wait_for(run_call(node_id, node, scope, ctx), node.timeout)
-            except TimeoutError:
-                return NodeFailed(FailureCode.TIMEOUT, f"{node_id}: timed out", ctx.cost_usd)
+            call = asyncio.ensure_future(run_call(node_id, node, scope, ctx))
+            if await _within(call, node.timeout):
+                return call.result()
+            await self._stop(call, what=f"{node_id}'s call after its timeout")
+            return NodeFailed(
+                FailureCode.TIMEOUT, f"{node_id}: timed out after {node.timeout:g}s", ctx.cost_usd
+            )
         raise AssertionError(f"node kind {type(node).__name__} is not executable")
 
     async def _race(self, work: Coroutine[Any, Any, T]) -> T | None:
@@ -175,11 +180,18 @@ class NodeRuns:
             waiter.cancel()
         if task.done():
             return task.result()
-        task.cancel()
-        budget = self.settings.node_cancel_budget.total_seconds()
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            await asyncio.wait_for(task, budget)
+        await self._stop(task, what="the node's work after a cancel")
         return None
+
+    async def _stop(self, task: asyncio.Future[Any], *, what: str) -> None:
+        """Cancel `task` and give it the node-cancellation budget to end. A task that swallows
+        its cancellation is left behind, not waited for (`asyncio.wait_for` would wait for it
+        past any bound: a walkthrough's call that caught `CancelledError` "finished" long after
+        its timeout)."""
+        task.cancel()
+        if not await _within(task, self.settings.node_cancel_budget.total_seconds()):
+            log.warning("run %s: %s ignored its cancellation; left running", self.run_id, what)
+            task.add_done_callback(_quietly)
 
     async def _store_output(self, node_id: str, output: Any) -> Any:
         """Outputs over the cap spill to the blob store (SPEC §2); without one they fail."""
@@ -214,3 +226,15 @@ class NodeRuns:
             f"run {self.run_id}: cannot spill an output: {key} and its token's key hold other "
             "bytes, and a spilled output is written once"
         )
+
+
+async def _within(task: asyncio.Future[Any], seconds: float) -> bool:
+    """Whether `task` is done within `seconds`; never cancels it, never waits longer."""
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return task in done
+
+
+def _quietly(task: asyncio.Future[Any]) -> None:
+    """A task left behind: its outcome is read so that asyncio does not report it."""
+    if not task.cancelled():
+        task.exception()

@@ -6,10 +6,15 @@ Nodes are at-least-once: a crash mid-node re-runs it on the next execution.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib
 import inspect
 import json
+import math
+import re
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +23,7 @@ from engine.call_errors import AmbiguousEffect, Permanent, Transient
 from engine.errors import ExpressionError, TemplateError
 from engine.events import EventLog
 from engine.expressions import evaluate
-from engine.failures import FailureCode, rule_for
+from engine.failures import FailureClass, FailureCode, rule_for
 from engine.sandbox.protocols import Sandbox
 from engine.templates import render
 from engine.workflow import CallNode, ComputeNode, ToolNode
@@ -67,6 +72,9 @@ class CallContext:
     cost_usd: float = field(default=0.0)
 
     def report_cost(self, usd: float) -> None:
+        # NaN passes every `<` check: it switched the cost cap off (a walkthrough).
+        if isinstance(usd, bool) or not isinstance(usd, int | float) or not math.isfinite(usd):
+            raise ValueError(f"report_cost takes a finite number of dollars, not {usd!r:.40}")
         if usd < 0:
             raise ValueError("cost cannot be negative")
         self.cost_usd += usd
@@ -175,16 +183,26 @@ def _tool_error(node_id: str, result: Any) -> str:
     return f"{node_id}: exit {result.exit_code}" + (f": {tail}" if tail else "")
 
 
-def classed(code: str, *, transient: bool) -> str:
+_OWN_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+"""A code of the callable's own: a fail node's form (`engine.workflow`)."""
+
+
+def classed(code: object, *, transient: bool) -> str:
     """The failure code a `Transient` or `Permanent` leaves the node with. The exception's
     class says whether a retry may cure it, and the failure table must not say otherwise
     (found by review: `Permanent(RATE_LIMITED)` was retried and auto-resumed, and
-    `Transient("QUOTA_HIT")`, a bot code, ended the run `failed` with no retry). A code the
-    table classes the other way becomes `EXECUTION_FAILED` (transient) or
-    `TOOL_FAILED_PERMANENT` (terminal); the error keeps the code the callable gave."""
-    if rule_for(code).transient == transient:
-        return code
-    return FailureCode.EXECUTION_FAILED if transient else FailureCode.TOOL_FAILED_PERMANENT
+    `Transient("QUOTA_HIT")`, a bot code, ended the run `failed` with no retry). A callable
+    speaks only for its node: a `Transient` keeps a node-level transient code, a `Permanent`
+    a deterministic one or its own upper-case code; anything else (the engine's codes for
+    infrastructure, budgets, the DLQ or a person; an empty or malformed code) becomes
+    `EXECUTION_FAILED` (transient) or `TOOL_FAILED_PERMANENT` (terminal), and the error keeps
+    the code the callable gave (found by a walkthrough: `Permanent("DLQ_PARKED")` faked a
+    parked run, `Permanent("")` left no code at all)."""
+    fallback = FailureCode.EXECUTION_FAILED if transient else FailureCode.TOOL_FAILED_PERMANENT
+    if not isinstance(code, str) or not _OWN_CODE.fullmatch(code):
+        return fallback
+    wanted = FailureClass.TRANSIENT_NODE if transient else FailureClass.DETERMINISTIC
+    return code if rule_for(code).klass is wanted else fallback
 
 
 async def run_call(
@@ -201,22 +219,102 @@ async def run_call(
         return template_failed(node_id, exc)
     except (ImportError, AttributeError) as exc:
         return NodeFailed(FailureCode.WORKFLOW_INVALID, f"{node_id}: {node.function}: {exc}")
+    unusable = _unusable(fn)
+    if unusable is not None:  # never cured by a retry: the file names the wrong thing
+        return NodeFailed(FailureCode.WORKFLOW_INVALID, f"{node_id}: {node.function}: {unusable}")
     try:
-        value = fn(ctx, inputs)
-        if inspect.isawaitable(value):
-            value = await value
+        if inspect.iscoroutinefunction(fn):
+            value = await fn(ctx, inputs)
+        else:
+            # A plain function runs on a thread of its own: blocking code in it (`time.sleep`, a
+            # blocking client) would otherwise stall the runner's loop, its lease refreshes and
+            # every other run on it (found by a walkthrough: leases lost, the call run again).
+            loop = asyncio.get_running_loop()
+            value = await loop.run_in_executor(_call_threads(), functools.partial(fn, ctx, inputs))
+            if inspect.isawaitable(value):
+                value = await value
     except (Transient, Permanent) as exc:
         code = classed(exc.code, transient=isinstance(exc, Transient))
-        named = "" if code == exc.code else f"{exc.code}: "
-        return NodeFailed(code, f"{node_id}: {named}{exc}", ctx.cost_usd)
+        named = "" if code == exc.code else f"{_shown(exc.code)}: "
+        return NodeFailed(code, f"{node_id}: {named}{_text(exc)}", ctx.cost_usd)
     except AmbiguousEffect as exc:
-        return NodeFailed(FailureCode.AMBIGUOUS_EFFECT, f"{node_id}: {exc}", ctx.cost_usd)
-    except Exception as exc:  # noqa: BLE001 - any other error of user code is EXECUTION_FAILED
+        return NodeFailed(FailureCode.AMBIGUOUS_EFFECT, f"{node_id}: {_text(exc)}", ctx.cost_usd)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the timeout's or a cancel's: not the callable's own
         return NodeFailed(
-            FailureCode.EXECUTION_FAILED, f"{node_id}: {type(exc).__name__}: {exc}", ctx.cost_usd
+            FailureCode.EXECUTION_FAILED,
+            f"{node_id}: the call raised CancelledError without being cancelled",
+            ctx.cost_usd,
+        )
+    except BaseException as exc:  # noqa: BLE001 - user code's error, SystemExit too: the runner serves on
+        return NodeFailed(
+            FailureCode.EXECUTION_FAILED, f"{node_id}: {_described(exc)}", ctx.cost_usd
         )
     if value is not None and not isinstance(value, dict):
         return NodeFailed(
             FailureCode.SCHEMA_VALIDATION, f"{node_id}: a call must return a dict", ctx.cost_usd
         )
+    not_json = _not_json(value)
+    if not_json is not None:  # it was a status write refused again and again (a walkthrough)
+        return NodeFailed(
+            FailureCode.SCHEMA_VALIDATION,
+            f"{node_id}: the call's result cannot be stored as JSON: {not_json}",
+            ctx.cost_usd,
+        )
     return NodeOk(value or {}, ctx.cost_usd)
+
+
+CALL_THREADS = 64
+"""Threads for plain-function calls: many, since a call past its timeout keeps its thread
+until it returns (a thread cannot be stopped); its own pool, so such calls never take the
+threads the stores and blob stores use."""
+_CALL_POOL: list[ThreadPoolExecutor] = []
+
+
+def _call_threads() -> ThreadPoolExecutor:
+    if not _CALL_POOL:
+        _CALL_POOL.append(
+            ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="runfleet-call")
+        )
+    return _CALL_POOL[0]
+
+
+def _unusable(fn: object) -> str | None:
+    """Why `fn` cannot be called as `fn(ctx, inputs)`, or None."""
+    if not callable(fn):
+        return f"is a {type(fn).__name__}, not a function"
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError as exc:
+        return f"cannot be called as fn(ctx, inputs): {exc}"
+    except ValueError:  # no signature to read (a builtin): let the call say
+        return None
+    return None
+
+
+def _text(exc: BaseException) -> str:
+    """`str(exc)`, even when the exception's own `__str__` fails."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - user code's `__str__`
+        return f"<{type(exc).__name__} whose message cannot be shown>"
+
+
+def _described(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_text(exc)}"
+
+
+def _shown(code: object) -> str:
+    return code if isinstance(code, str) and code.isprintable() and code else repr(code)[:80]
+
+
+def _not_json(value: Any) -> str | None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return str(exc)[:300]
+    except RecursionError:
+        return "nested too deeply"
+    return None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from typing import Any
 
 import jinja2
 from jinja2 import nodes as jnodes
@@ -40,7 +39,8 @@ def output_references(workflow: Workflow) -> Iterator[tuple[str, str]]:
                     yield where, name
             continue
         elif isinstance(node, CallNode):
-            texts = list(_strings(node.inputs))
+            # Only an input that is a string is rendered; nested values pass as written.
+            texts = [v for v in node.inputs.values() if isinstance(v, str)]
         elif isinstance(node, HumanNode | FailNode):
             texts = [node.message]
         else:
@@ -95,14 +95,3 @@ def _in_template(text: str) -> Iterator[str]:
 
 def _is_outputs_name(node: object) -> bool:
     return isinstance(node, jnodes.Name) and node.name == "outputs"
-
-
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)

@@ -19,6 +19,7 @@ from engine.errors import AnswersInvalid, AnswersRequired
 from engine.resume import ResumeRequest
 from engine.rewind import REWINDABLE
 from runner import operations as ops
+from runner.console.errors import ApiError
 from runner.console.models import BudgetRequest, RunOut
 from runner.console.pages import (
     call_of,
@@ -117,13 +118,40 @@ async def _runs_fragments(request: web.Request) -> dict[str, str]:
 
 
 async def runs_page(request: web.Request) -> web.Response:
-    fragments = await _runs_fragments(request)
-    filters = _filters(request)
+    query = request.query
+    shown = {  # the filters as typed, kept in the form whether or not they are accepted
+        "status": query.get("status", ""),
+        "code": query.get("code", ""),
+        "workflow": query.get("workflow", ""),
+        "since": query.get("since", ""),
+    }
+    try:
+        _filters(request)
+    except ApiError as exc:
+        # The page with the refusal under the form and the values as typed, not an error page
+        # in its place (found by walkthroughs: a mistyped `since` lost every filter).
+        call = call_of(request)
+        counts = await call.env.store.status_counts(call.principal.tenant)
+        fragments = {
+            "counts": fragment("_counts.html", counts={str(k): v for k, v in counts.items()}),
+            "runs": "",
+        }
+        return page(
+            request,
+            "runs.html",
+            status=exc.status,
+            fragments=fragments,
+            shown=shown,
+            filter_problem=exc.message,
+            statuses=[s.value for s in RunStatus],
+            query=None,
+        )
     return page(
         request,
         "runs.html",
-        fragments=fragments,
-        filters=filters,
+        fragments=await _runs_fragments(request),
+        shown=shown,
+        filter_problem=None,
         statuses=[s.value for s in RunStatus],
         query=request.query_string,
     )

@@ -422,8 +422,13 @@ async def test_console_run_page_caps_node_outputs_and_shows_attachments(api: Api
 async def test_console_a_filter_that_does_not_read_is_refused_with_the_accepted_form(
     api: Api,
 ) -> None:
-    status, html = await get_html(api.client, "/ui/runs?since=yesterday")
+    status, html = await get_html(api.client, "/ui/runs?since=yesterday&workflow=nightly")
     assert status == 400 and "since: &#39;yesterday&#39; is not accepted" in html
+    # the runs page itself, the filters as typed (they were lost on an error page) and no
+    # live stream that would be refused the same way
+    assert 'id="filter-problem"' in html and 'id="filters"' in html
+    assert 'name="workflow" value="nightly"' in html and 'name="since" value="yesterday"' in html
+    assert "sse-connect" not in html
     status, html = await get_html(api.client, "/ui/dlq?older_than=soon")
     assert status == 400 and "older_than" in html
 
@@ -530,9 +535,11 @@ async def test_console_answers_to_a_run_cancelled_since_the_form_was_drawn_chang
 async def test_console_a_duration_too_large_to_represent_is_a_400_page(api: Api) -> None:
     """`1e300` seconds would overflow `now - since` or a raised cap: the filter's or the
     form's 400, never a 500 page."""
-    for path in ("/ui/runs?since=1e300", "/ui/runs?since=999999d", "/ui/dlq?older_than=1e300"):
+    for path in ("/ui/runs?since=1e300", "/ui/runs?since=999999d"):
         status, html = await get_html(api.client, path)
-        assert status == 400 and "invalid_request" in html, (path, html[:300])
+        assert status == 400 and 'id="filter-problem"' in html, (path, html[:300])
+    status, html = await get_html(api.client, "/ui/dlq?older_than=1e300")
+    assert status == 400 and "invalid_request" in html, html[:300]
     run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
     await log_in(api.client, OP_A)
     csrf = await csrf_of(api.client, f"/ui/runs/{run.run_id}")

@@ -24,7 +24,7 @@ nodes:
   call:
     kind: call
     function: "pkg.mod:fn"
-    inputs: {a: {b: ["{{ outputs.deep }}"]}, c: 3}
+    inputs: {a: {b: ["{{ outputs.deep }}"]}, c: 3, d: "{{ outputs.top }}"}
   stop:
     kind: fail
     code: STOPPED
@@ -50,7 +50,7 @@ def test_every_outputs_name_is_found_where_it_is_and_nothing_else() -> None:
             ("node 'score'", "fetch"),
             ("node 'score'", "scorer"),
             ("node 'ask'", "score"),
-            ("node 'call'", "deep"),
+            ("node 'call'", "top"),  # a nested value is passed as written, never rendered
             ("node 'stop'", "gone"),
         }
     )
