@@ -358,6 +358,9 @@ class EmbeddedFleet:
         return env
 
     async def _spawn(self, rp: RunnerProcess) -> None:
+        # Made again if it went (found by an operator walkthrough: `rm -rf DATA/logs` under a
+        # running fleet, and the next restart of a runner failed, silently, for good).
+        rp.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             rp.log_offset = rp.log_path.stat().st_size
         except FileNotFoundError:
@@ -396,7 +399,10 @@ class EmbeddedFleet:
                     if now >= (rp.restart_at or now):
                         rp.restarts += 1
                         rp.restart_at = None
-                        await self._spawn(rp)
+                        try:
+                            await self._spawn(rp)
+                        except OSError as exc:  # tried again after a longer delay, and said
+                            self._note_spawn_failure(rp, exc, now)
                 if rp.http_port is None and rp.proc is not None and rp.proc.returncode is None:
                     rp.http_port = _read_port(rp.log_path, rp.log_offset)
                 if rotate_if_large(rp.log_path):
@@ -457,6 +463,12 @@ class EmbeddedFleet:
         watch.restart_at = None
         watch.restarts += 1
         log.warning("%s restarted on port %s (restarts %d)", label, server.port, watch.restarts)
+
+    def _note_spawn_failure(self, rp: RunnerProcess, exc: OSError, now: float) -> None:
+        rp.backoff_s = next_backoff(rp.backoff_s, now, now)
+        rp.restart_at = now + rp.backoff_s
+        rp.last_exit = f"cannot be started again: {exc}"
+        log.error("runner %d %s; trying again in %.0fs", rp.index, rp.last_exit, rp.backoff_s)
 
     def _note_exit(self, rp: RunnerProcess, code: int, now: float) -> None:
         rp.backoff_s = next_backoff(rp.backoff_s, rp.started_at, now)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import urllib.request
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from store import RunStatus
-from tests.cli.conftest import Up, eventually, stop_cleanly
+from tests.cli.conftest import ROOT, Up, eventually, stop_cleanly
 
 VIEW_WITHIN_S = 40.0  # a view every 10 s, on a loaded 2-core machine
 ROW = re.compile(
@@ -92,6 +93,27 @@ def test_up_shows_the_current_port_of_a_restarted_runner(tmp_path: Path) -> None
         said = "runner 0: killed by SIGKILL; restarting"
         assert said in (up.data / "logs" / "up.log").read_text()
         assert said in up.output()[mark:]
+    finally:
+        stop_cleanly(up)
+
+
+def test_up_restarts_a_runner_after_its_logs_directory_was_deleted(tmp_path: Path) -> None:
+    """An operator walkthrough: `rm -rf DATA/logs` under a running fleet, then a runner died;
+    its restart failed opening its log file, the supervising task ended silently, and the
+    fleet had no runner for good (a launched run stayed `queued`)."""
+    up = Up.start(tmp_path / "fleet", runners=1)
+    try:
+        [first] = up.runner_pids()
+        shutil.rmtree(up.data / "logs")
+        os.kill(first, signal.SIGKILL)
+        eventually(
+            lambda: next(iter(up.runner_pids() - {first}), None),
+            within=30,
+            what="the restarted runner",
+        )
+        assert (up.data / "logs" / "runner-0.log").exists()
+        run_id = up.launch(ROOT / "examples" / "hello.yaml", "name=Ada")["run_id"]
+        assert up.wait_status(run_id, "finished", within=60)["status"] == "finished"
     finally:
         stop_cleanly(up)
 
