@@ -57,3 +57,17 @@ async def test_an_explicit_nats_url_that_does_not_answer_is_named_as_before(
     with pytest.raises(NatsUnavailable) as caught:
         await connect(NatsSettings(data=tmp_path, nats_url=NOTHING_THERE))
     assert caught.value.message.startswith(f"cannot reach NATS at {NOTHING_THERE}")
+
+
+@pytest.mark.parametrize("content", ["", "\n", "garbage%%\n", "nats://ok:1, not-a-url\n"])
+async def test_a_fleets_url_file_that_holds_no_url_is_named_as_the_file(
+    tmp_path: Path, content: str
+) -> None:
+    """An operator walkthrough: an emptied `nats.url` was `error [internal]: ValueError('no
+    server in RUNFLEET_NATS_URL None')`, exit 1, blaming a variable nobody had set."""
+    (tmp_path / NATS_URL_FILE).write_text(content)
+    with pytest.raises(NatsUnavailable) as caught:
+        await connect(NatsSettings(data=tmp_path, nats_url=None))
+    path = resolved(tmp_path) / NATS_URL_FILE
+    assert caught.value.message.startswith(f"{path} holds no NATS URL")
+    assert "runfleet up" in (caught.value.remedy or "") and str(path) in (caught.value.remedy or "")
