@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import Field, FilePath, field_validator, model_validator
 
+from publisher.errors import NatsUnavailable
 from store.settings import (
     EXISTING_FILE,
     DataDir,
@@ -16,7 +17,6 @@ from store.settings import (
     env_name,
     format_duration,
 )
-from publisher.errors import NatsUnavailable
 from store.timeutil import Duration
 
 _NATS_URL = re.compile(r"^(nats|tls|ws|wss)://\S+$")
@@ -66,18 +66,18 @@ class NatsSettings(RunfleetSettings):
     def nats_servers(self) -> list[str]:
         """The server list (`RUNFLEET_NATS_URL` may name a cluster's servers, comma-separated)."""
         servers = split_servers(self.effective_nats_url())
-        if not self.nats_url and (self.data / NATS_URL_FILE).is_file():
+        from_file = not self.nats_url and (self.data / NATS_URL_FILE).is_file()
+        if from_file and not (servers and all(_NATS_URL.match(url) for url in servers)):
             # The fleet's file, not a setting: an empty or mangled one is said as such (found by
             # an operator walkthrough: `internal`, blaming RUNFLEET_NATS_URL, which was unset).
-            if not servers or not all(_NATS_URL.match(url) for url in servers):
-                path = (self.data / NATS_URL_FILE).resolve()
-                shown = self.effective_nats_url()[:80]
-                raise NatsUnavailable(
-                    f"{path} holds no NATS URL ({shown!r}); `runfleet up` writes it while its"
-                    " fleet runs",
-                    remedy="start `runfleet up` again on this data dir (it rewrites the file);"
-                    f" if no fleet runs here, remove {path}",
-                )
+            path = (self.data / NATS_URL_FILE).resolve()
+            shown = self.effective_nats_url()[:80]
+            raise NatsUnavailable(
+                f"{path} holds no NATS URL ({shown!r}); `runfleet up` writes it while its"
+                " fleet runs",
+                remedy="start `runfleet up` again on this data dir (it rewrites the file);"
+                f" if no fleet runs here, remove {path}",
+            )
         if not servers:
             raise ValueError(f"no server in RUNFLEET_NATS_URL {self.nats_url!r}")
         return servers
