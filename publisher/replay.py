@@ -120,7 +120,8 @@ def replay_refusal(
     purge = f"purge it (`runfleet dlq purge {record_id}`)"
     if record.run_id is None:
         return RecordNotReplayable(
-            f"DLQ record {record_id} names no run to resume", remedy=f"it can only be {purge}"
+            f"DLQ record {record_id} names no run to resume",
+            remedy=f"{purge}: there is no run to replay it into",
         )
     if not record.replayable:
         # The message itself is the problem (a forged tenant, an attempt ahead of its run):
@@ -134,9 +135,13 @@ def replay_refusal(
     if run is None:
         # Its run was collected (or is not this tenant's): nothing to resume, and the remedy
         # is the record's own — purge it — not "check the run id".
+        # Found by an operator walkthrough: after `RUNFLEET_TENANT` changed, "purge it" told
+        # them to destroy a parked run's only way back.
         return RecordNotReplayable(
-            f"DLQ record {record_id}: its run {record.run_id} is not in the store",
-            remedy=f"it can only be {purge}",
+            f"DLQ record {record_id}: its run {record.run_id} is not in the store for this"
+            " tenant (another tenant's run, or one `runfleet gc` collected)",
+            remedy="if the run is another tenant's, replay the record with RUNFLEET_TENANT set to"
+            f" that tenant; if the run was collected, {purge}",
         )
     stage = replay_stage(run, record_id)
     if stage is ReplayStage.OVERTAKEN:

@@ -308,3 +308,23 @@ async def test_a_refused_message_naming_a_live_run_is_not_replayable_for_its_own
     remedy = refused.value.remedy or ""
     assert f"runfleet dlq purge {RECORD}" in remedy and f"resume run {run.run_id}" in remedy
     assert await record_kept(publisher)
+
+
+def test_a_record_whose_run_is_not_found_names_the_tenant_before_offering_a_purge() -> None:
+    """An operator walkthrough: after `RUNFLEET_TENANT` changed, a parked run of the old
+    tenant read as gone, and the remedy ("it can only be purge it") told them to destroy its
+    only way back."""
+    from publisher.dlq import DlqRecord
+    from publisher.replay import replay_refusal
+    from store import utcnow
+
+    record = DlqRecord(
+        id=7, run_id="01a2440c-0000", attempt=3, reason="max_deliveries", at=utcnow()
+    )
+
+    refusal = replay_refusal(record, None)
+
+    assert refusal is not None and refusal.code == "record_not_replayable"
+    assert "not in the store for this tenant" in refusal.message
+    assert "RUNFLEET_TENANT" in (refusal.remedy or "")
+    assert "can only be" not in (refusal.remedy or "")
