@@ -31,7 +31,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 
 from publisher.config import NATS_URL_FILE
@@ -88,22 +88,35 @@ def keep_location(data: Path, written: str) -> None:
             path.unlink()
 
 
-def adopt(environ: MutableMapping[str, str]) -> list[str]:
+def adopt(
+    environ: MutableMapping[str, str], warn: Callable[[str], None] | None = None
+) -> list[str]:
     """Fill the variables `environ` does not set from the fleet found through `RUNFLEET_DATA`
     (all of them while its `nats.url` says it runs, only `DATA_LOCATION` otherwise); returns
     the names taken. Nothing when `RUNFLEET_NATS_URL` names a NATS of its own (that command is
     not talking to an `up` fleet), or when the file cannot be read — the command then runs on
-    its own settings, as before."""
+    its own settings, as before, and `warn` is told (found by an operator walkthrough: a
+    truncated file was ignored without a word, and `streams ensure` from that shell undid the
+    fleet's consumer settings)."""
     if environ.get("RUNFLEET_NATS_URL"):
         return []
     data = Path(environ.get("RUNFLEET_DATA") or ".runfleet")
     running = (data / NATS_URL_FILE).is_file()
+    path = data / FLEET_SETTINGS_FILE
     try:
-        loaded = json.loads((data / FLEET_SETTINGS_FILE).read_text())
+        loaded = json.loads(path.read_text())
         settings = loaded["settings"]
-    except (OSError, ValueError, KeyError, TypeError):
+        if not isinstance(settings, dict):
+            raise TypeError("its `settings` is not an object")
+    except FileNotFoundError:
         return []
-    if not isinstance(settings, dict):
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if warn is not None:
+            warn(
+                f"{path.resolve()} cannot be read ({type(exc).__name__}: {exc}); this command"
+                " runs on its own RUNFLEET_* settings, which may not be the fleet's (`runfleet"
+                " up` writes the file again when it starts)"
+            )
         return []
     taken: list[str] = []
     for name, value in settings.items():

@@ -32,7 +32,7 @@ def cli(ctx: click.Context) -> None:
     uses the settings that fleet runs with, for each variable its own shell does not set.
     """
     if ctx.invoked_subcommand not in NOT_ADOPTING:
-        fleet_settings.adopt(os.environ)
+        fleet_settings.adopt(os.environ, warn=lambda m: click.echo(f"warning: {m}", err=True))
 
 
 for _command in (

@@ -102,8 +102,12 @@ def test_a_file_that_does_not_parse_is_ignored_and_never_sets_what_is_not_shared
 ) -> None:
     data = tmp_path / "data"
     _running_fleet(data, {})
-    (data / FLEET_SETTINGS_FILE).write_text("{not json")
-    assert fleet_settings.adopt({"RUNFLEET_DATA": str(data)}) == []
+    (data / FLEET_SETTINGS_FILE).write_text('{"settings": {"RUNFLEET_MAX_DELIVER": "3",')
+    said: list[str] = []
+    assert fleet_settings.adopt({"RUNFLEET_DATA": str(data)}, warn=said.append) == []
+    # said, naming the file (an operator walkthrough: it was ignored without a word)
+    assert len(said) == 1 and str((data / FLEET_SETTINGS_FILE).resolve()) in said[0]
+    assert "its own RUNFLEET_* settings" in said[0]
 
     forged = {"RUNFLEET_DATA": "/elsewhere", "RUNFLEET_SLOTS": 4, "PATH": "/evil"}
     (data / FLEET_SETTINGS_FILE).write_text(json.dumps({"settings": forged}))
