@@ -65,7 +65,7 @@ class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
             # The `up` is gone (SIGKILL) but the servers and runners it started still run.
             pids = " ".join(str(p) for p in orphans)
             who = f"processes left by a `runfleet up` that is gone: pids {pids}"
-            stop = f"`kill {pids}`"
+            stop = f"`kill {pids}` (the runners come first: they hand off their runs)"
         elif pid is not None:
             who, stop = f"pid {pid}", f"`kill {pid}`"
         else:

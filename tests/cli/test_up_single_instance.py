@@ -98,6 +98,10 @@ def test_an_up_killed_with_sigkill_holds_its_dir_while_its_children_run_and_no_l
         assert "processes left by a `runfleet up` that is gone" in refused.stderr
         named = refused.stderr.split("pids ", 1)[1].split(")", 1)[0].split()
         assert sorted(int(p) for p in named) == sorted(orphans), refused.stderr
+        # the runners first, the nats-server last: killed in that order, runs are handed off
+        assert "nats-server" in orphans[int(named[-1])], (named, orphans)
+        assert all("nats-server" not in orphans[int(p)] for p in named[:-1]), (named, orphans)
+        assert "the runners come first" in refused.stderr
     finally:
         crashed.kill()  # the nats-server and runner it left in their own sessions
     eventually(lambda: not processes_of(crashed.data), within=30, what="the crashed fleet gone")

@@ -9,13 +9,14 @@ import json
 import socket
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 import runner.console  # noqa: F401 - imports every operation, so every refusal is registered
 from runner.cli.errors import EXIT_REFUSED, EXIT_USAGE, exit_code_for
-from runner.console import create_app
+from runner.console import create_app, server
 from runner.console.errors import REFUSAL_STATUS, RETRY_AFTER_S, status_for
 from runner.operations import Env
 from store import Refusal, RunQuery, RunStatus
@@ -134,6 +135,37 @@ async def test_readyz_is_503_naming_nats_when_nats_is_unreachable_while_healthz_
     assert body == {"ok": False, "problems": ["nats: nats_unavailable"]}
     validate("/readyz", "GET", 503, body)
     assert (await api_without_nats.get("/healthz")).status == 200
+
+
+async def test_readyz_answers_within_its_bound_when_nats_accepts_and_says_nothing(
+    fleet: Fleet,
+) -> None:
+    """A hung server (it accepts, then never speaks): the client's own connect budget took
+    ≈ 9 s, past a probe's timeout (an operator walkthrough, SIGSTOPped nats-server)."""
+    silent: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent.append(writer)  # held open, never answered
+
+    hung = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = hung.sockets[0].getsockname()[1]
+    env = fleet_env(fleet)
+    wire = fleet.wire.model_copy(update={"nats_url": f"nats://127.0.0.1:{port}"})
+    down = Env(env.settings, env.engine_settings, env.store, env.blobs, env.client, wire)
+    try:
+        async with TestClient(TestServer(create_app(down, TOKENS))) as client:
+            resp = await client.get("/readyz", timeout=aiohttp.ClientTimeout(total=8))
+            body = await resp.json()
+    finally:
+        for writer in silent:
+            writer.close()
+        hung.close()
+        await hung.wait_closed()
+    assert resp.status == 503 and body["problems"] == ["nats: nats_timeout"], body
+    # the question left behind ends by itself once the server is gone, closing what it opened
+    if server._ASKING:
+        await asyncio.wait(set(server._ASKING), timeout=30)
+    assert not server._ASKING
 
 
 async def test_readyz_names_a_store_that_does_not_answer(fleet: Fleet) -> None:
