@@ -31,13 +31,13 @@ from tenacity import (
 from engine.loader import LoadedWorkflow
 from engine.resume import ResumeRequest, judge_resume
 from engine.vars import resolve_vars
+from publisher.cancel import cancel_run
 from publisher.config import WireSettings
 from publisher.dlq import DlqStore
 from publisher.errors import (
     DuplicatePublication,
     PublishFailed,
     ResumeTooLarge,
-    RunNotCancellable,
 )
 from publisher.launch_records import LaunchRecords
 from publisher.nats_errors import (
@@ -53,7 +53,6 @@ from store import (
     CasConflict,
     Eq,
     EventDraft,
-    LeaseFree,
     Ne,
     Origin,
     Publication,
@@ -64,7 +63,6 @@ from store import (
     StagedFile,
     Update,
     WorkflowRef,
-    lease_is_free,
     utcnow,
 )
 
@@ -74,15 +72,6 @@ _FIRST_WAIT_S = 0.1
 """The wait before a publish's second try; each later one doubles it, up to 2 s."""
 _PROBE_S = 1.0
 """How long a failed publish waits for the stream's info before it is tried again."""
-
-CANCELLABLE_DIRECTLY = frozenset(
-    {
-        RunStatus.QUEUED,
-        RunStatus.PAUSED_WAITING_HUMAN,
-        RunStatus.PAUSED_OPERATOR,
-        RunStatus.FAILED_RESUMABLE,
-    }
-)
 
 
 class Publisher:
@@ -457,40 +446,12 @@ class Publisher:
     async def cancel(
         self, run_id: str, *, tenant: str, skew: timedelta | None = None
     ) -> RunDocument:
+        """SPEC §4 Cancel (`publisher.cancel`), with the control subject's signal."""
         skew = skew if skew is not None else self.settings.lease_skew
-        run = await self.get_run(run_id, tenant)
-        now = utcnow()
-        if run.status in CANCELLABLE_DIRECTLY:
-            result = await self.store.update_run(
-                run_id,
-                [Eq("status", run.status), Eq("attempt", run.attempt)],
-                Update(set={"status": RunStatus.CANCELLED, "cancel_requested": False}),
-            )
-        elif run.status is RunStatus.RUNNING and not lease_is_free(run, now, skew):
-            result = await self.store.update_run(
-                run_id,
-                [Eq("status", RunStatus.RUNNING), Eq("attempt", run.attempt)],
-                Update(set={"cancel_requested": True}),
-            )
-            if not isinstance(result, CasConflict):
-                try:
-                    await self.nc.publish(self.names.control_subject(run_id), b"cancel")
-                except nats.errors.Error:
-                    log.warning("run %s: control signal not sent; the refresh will see it", run_id)
-                return result
-        elif run.status is RunStatus.RUNNING:
-            result = await self.store.update_run(
-                run_id,
-                [Eq("status", RunStatus.RUNNING), Eq("attempt", run.attempt), LeaseFree(now, skew)],
-                Update(
-                    set={"status": RunStatus.CANCELLED, "cancel_requested": False}, unset=["lease"]
-                ),
-            )
-        else:
-            raise RunNotCancellable(f"run {run_id} is {run.status}")
-        if isinstance(result, CasConflict):
-            return await self.cancel(run_id, tenant=tenant, skew=skew)  # re-read, re-judge
-        await self.store.append_event(
-            run_id, "run_cancelled", {"by": "operator"}, attempt=run.attempt
-        )
-        return result
+        return await cancel_run(self.store, run_id, tenant=tenant, skew=skew, signal=self._signal)
+
+    async def _signal(self, run_id: str) -> None:
+        try:
+            await self.nc.publish(self.names.control_subject(run_id), b"cancel")
+        except nats.errors.Error:
+            log.warning("run %s: control signal not sent; the refresh will see it", run_id)

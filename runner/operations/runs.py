@@ -25,6 +25,8 @@ from engine.loader import LoadedWorkflow
 from engine.refusals import ScratchNotPortable
 from engine.resume import ResumeRequest
 from engine.vars import resolve_vars
+from publisher.cancel import cancel_run
+from publisher.errors import NatsUnavailable
 from runner.delivery_log import DeliveryEntry, read_deliveries
 from runner.operations import uploads
 from runner.operations.env import Env
@@ -335,8 +337,16 @@ async def _bank_refusal(env: Env, run_id: str) -> str | None:
 async def cancel(env: Env, run_id: str, *, tenant: str | None = None) -> RunDocument:
     """Cancel (SPEC §4 Cancel); a running run is asked to checkpoint and stop."""
     run_id = await resolve_run_id(env, run_id)
-    async with env.publisher() as publisher:
-        return await publisher.cancel(run_id, tenant=tenant or env.tenant)
+    try:
+        async with env.publisher() as publisher:
+            return await publisher.cancel(run_id, tenant=tenant or env.tenant)
+    except NatsUnavailable:
+        # The signal is the only part that needs NATS, and it is best effort: the CAS alone
+        # cancels what is not running, and a running execution reads it at its next refresh.
+        skew = env.wire().lease_skew
+        return await cancel_run(
+            env.store, run_id, tenant=tenant or env.tenant, skew=skew, signal=None
+        )
 
 
 async def rewind(
