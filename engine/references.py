@@ -25,9 +25,15 @@ _PARSER = jinja2.Environment()
 
 def output_references(workflow: Workflow) -> Iterator[tuple[str, str]]:
     """(where, node name) for every `outputs.<name>` an expression or a template names."""
+    return references(workflow, "outputs")
+
+
+def references(workflow: Workflow, root: str) -> Iterator[tuple[str, str]]:
+    """(where, name) for every `<root>.<name>` (`<root>['name']`) an expression or a template
+    names: `outputs` (node names) or `vars` (declared vars)."""
     for i, edge in enumerate(workflow.edges):
         if edge.when is not None:
-            for name in _in_expression(edge.when):
+            for name in _in_expression(edge.when, root):
                 yield f"edges[{i}].when", name
     for node_id, node in workflow.nodes.items():
         where = f"node {node_id!r}"
@@ -35,7 +41,7 @@ def output_references(workflow: Workflow) -> Iterator[tuple[str, str]]:
             texts: list[str] = [node.run]
         elif isinstance(node, ComputeNode):
             for expr in node.set.values():
-                for name in _in_expression(expr):
+                for name in _in_expression(expr, root):
                     yield where, name
             continue
         elif isinstance(node, CallNode):
@@ -46,11 +52,11 @@ def output_references(workflow: Workflow) -> Iterator[tuple[str, str]]:
         else:
             continue
         for text in texts:
-            for name in _in_template(text):
+            for name in _in_template(text, root):
                 yield where, name
 
 
-def _in_expression(expr: str) -> Iterator[str]:
+def _in_expression(expr: str, root: str) -> Iterator[str]:
     try:
         tree = ast.parse(expr.strip(), mode="eval")
     except (SyntaxError, RecursionError, MemoryError):
@@ -59,22 +65,22 @@ def _in_expression(expr: str) -> Iterator[str]:
     for sub in ast.walk(tree):
         if id(sub) in called:  # `outputs.get(...)`: a method, not a node
             continue
-        if isinstance(sub, ast.Attribute) and _is_outputs(sub.value):
+        if isinstance(sub, ast.Attribute) and _is_name(sub.value, root):
             yield sub.attr
         elif (
             isinstance(sub, ast.Subscript)
-            and _is_outputs(sub.value)
+            and _is_name(sub.value, root)
             and isinstance(sub.slice, ast.Constant)
             and isinstance(sub.slice.value, str)
         ):
             yield sub.slice.value
 
 
-def _is_outputs(node: ast.AST) -> bool:
-    return isinstance(node, ast.Name) and node.id == "outputs"
+def _is_name(node: ast.AST, root: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == root
 
 
-def _in_template(text: str) -> Iterator[str]:
+def _in_template(text: str, root: str) -> Iterator[str]:
     if not is_template(text):
         return
     try:
@@ -83,7 +89,7 @@ def _in_template(text: str) -> Iterator[str]:
         return
     called = {id(call.node) for call in tree.find_all(jnodes.Call)}
     for sub in tree.find_all((jnodes.Getattr, jnodes.Getitem)):
-        if id(sub) in called or not _is_outputs_name(getattr(sub, "node", None)):
+        if id(sub) in called or not _is_jinja_name(getattr(sub, "node", None), root):
             continue
         if isinstance(sub, jnodes.Getattr):
             yield sub.attr
@@ -93,5 +99,5 @@ def _in_template(text: str) -> Iterator[str]:
                 yield arg.value
 
 
-def _is_outputs_name(node: object) -> bool:
-    return isinstance(node, jnodes.Name) and node.name == "outputs"
+def _is_jinja_name(node: object, root: str) -> bool:
+    return isinstance(node, jnodes.Name) and node.name == root

@@ -18,7 +18,7 @@ import click
 
 from engine.errors import WorkflowInvalid
 from engine.loader import LoadedWorkflow, load_workflow_file
-from engine.references import output_references
+from engine.references import references
 from engine.workflow import CallNode, ComputeNode, FailNode, HumanNode, Node, ToolNode, Workflow
 from runner.cli.errors import EXIT_REFUSED
 from runner.cli.runtime import command, json_option
@@ -102,11 +102,18 @@ def warnings(workflow: Workflow) -> list[str]:
                 f"nodes {', '.join(repr(n) for n in cycle)} form a cycle with no `loop` cap on"
                 " any of its edges and no budget max_iterations: nothing stops it but a cancel"
             )
-    for where, name in dict.fromkeys(output_references(workflow)):
+    for where, name in dict.fromkeys(references(workflow, "outputs")):
         if name not in workflow.nodes:
             said.append(
                 f"{where} names outputs.{name}, but no node is called {name!r}: it fails"
                 " EXPRESSION_FAILED when it runs"
+            )
+    for where, name in dict.fromkeys(references(workflow, "vars")):
+        if name not in workflow.vars:
+            declared = ", ".join(workflow.vars) or "none"
+            said.append(
+                f"{where} names vars.{name}, but the workflow declares no var {name!r}"
+                f" (declared: {declared}): it fails EXPRESSION_FAILED when it runs"
             )
     return said
 

@@ -138,7 +138,7 @@ def test_validate_warns_of_a_resumable_fail_node_without_a_guard_and_an_uncapped
     assert "form a cycle" not in validate(tmp_path, str(capped)).stdout
 
 
-def test_validate_warns_of_outputs_naming_a_node_the_workflow_does_not_have(
+def test_validate_warns_of_outputs_naming_a_node_or_vars_naming_a_var_the_workflow_lacks(
     tmp_path: Path,
 ) -> None:
     """A workflow walkthrough: `{{ outputs.fetchh }}` loaded `ok` and failed
@@ -147,7 +147,7 @@ def test_validate_warns_of_outputs_naming_a_node_the_workflow_does_not_have(
     source.write_text(
         "name: typo\nentry: fetch\nnodes:\n"
         "  fetch: {kind: tool, run: echo 1}\n"
-        "  use: {kind: tool, run: 'echo {{ outputs.fetchh }} {{ outputs.fetch }}'}\n"
+        "  use: {kind: tool, run: 'echo {{ outputs.fetchh }} {{ outputs.fetch }} {{ vars.nme }}'}\n"
         "edges:\n  - {from: fetch, to: use}\n"
     )
 
@@ -159,3 +159,7 @@ def test_validate_warns_of_outputs_naming_a_node_the_workflow_does_not_have(
         " EXPRESSION_FAILED when it runs" in result.stdout
     )
     assert "outputs.fetch," not in result.stdout
+    assert (
+        "warning: node 'use' names vars.nme, but the workflow declares no var 'nme' (declared:"
+        " none)" in result.stdout
+    )

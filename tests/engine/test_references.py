@@ -4,7 +4,7 @@ from their syntax trees (what `runfleet validate` warns about when no node has t
 from __future__ import annotations
 
 from engine.loader import load_workflow
-from engine.references import output_references
+from engine.references import output_references, references
 
 SOURCE = """\
 name: refs
@@ -54,3 +54,25 @@ def test_every_outputs_name_is_found_where_it_is_and_nothing_else() -> None:
             ("node 'stop'", "gone"),
         }
     )
+
+
+def test_vars_named_are_found_as_outputs_are() -> None:
+    source = """\
+name: v
+entry: a
+vars:
+  who: {type: string, default: Ada}
+nodes:
+  a: {kind: tool, run: "echo {{ vars.who }} {{ vars['whom'] }}"}
+  b: {kind: compute, set: {x: "vars.count + 1"}}
+edges:
+  - {from: a, to: b, when: "vars.flag"}
+"""
+    workflow = load_workflow(source, "v.yaml").workflow
+
+    assert sorted(set(references(workflow, "vars"))) == [
+        ("edges[0].when", "flag"),
+        ("node 'a'", "who"),
+        ("node 'a'", "whom"),
+        ("node 'b'", "count"),
+    ]
