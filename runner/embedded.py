@@ -46,6 +46,7 @@ from runner.localnats import NatsServer
 from runner.logfiles import rotate_if_large
 from runner.operations.errors import FleetAlreadyRunning
 from store import RunStore
+from store.settings import SettingProblem, SettingsInvalid
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,9 +73,24 @@ def hold_data_dir(data: Path) -> Iterator[int]:
     leaves its nats-server and runners running in their own sessions, and while they run the
     dir is still theirs. The pid is there only to name the holder. The file is never removed:
     a process that opened it just before would lock an inode no one else sees."""
-    data.mkdir(parents=True, exist_ok=True)
     path = data / UP_LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        # A read-only or foreign data dir: the setting that chose it, not `internal` (found by
+        # an operator walkthrough: `error [internal]: OSError(30, ...)`, no path, no remedy).
+        raise SettingsInvalid(
+            [
+                SettingProblem(
+                    ("RUNFLEET_DATA",),
+                    f"RUNFLEET_DATA={data}: the fleet cannot write there"
+                    f" ({exc.strerror or exc}: {exc.filename or path})",
+                    "give `up` a directory it may write (`--data DIR` or RUNFLEET_DATA): it"
+                    " holds the store, the blobs, the logs and the NATS data",
+                )
+            ]
+        ) from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

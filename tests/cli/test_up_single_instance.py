@@ -165,3 +165,21 @@ async def test_up_removes_only_the_nats_url_it_wrote(tmp_path: Path, rewritten: 
         assert url_file.read_text() == "nats://127.0.0.1:4222\n"
     else:
         assert not url_file.exists()
+
+
+def test_up_on_a_data_dir_it_cannot_write_is_a_usage_error_naming_the_setting(
+    tmp_path: Path,
+) -> None:
+    """An operator walkthrough: a read-only data dir was `error [internal]: OSError(30, ...)`,
+    exit 1, naming no path. (Here the dir's parent is a file: root may write anywhere a
+    permission would forbid, so a mode cannot make the case.)"""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
+
+    refused = run_up(blocker / "data", env)
+
+    assert refused.returncode == 2, refused.stderr
+    assert "RUNFLEET_DATA=" in refused.stderr and "cannot write there" in refused.stderr
+    assert "internal" not in refused.stderr
+    assert "--data DIR" in refused.stderr
