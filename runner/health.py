@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from runner.config import RunnerSettings
 from runner.metrics import RunnerMetrics
 from store import RunStore, StoreError
+from store.settings import SettingProblem, SettingsInvalid
 
 
 class _Connection(Protocol):
@@ -73,7 +74,24 @@ class HealthServer:
         self._site_runner = web.AppRunner(app, access_log=None)
         await self._site_runner.setup()
         site = web.TCPSite(self._site_runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._site_runner.cleanup()
+            self._site_runner = None
+            # The settings that chose it, not `internal` (an operator walkthrough: a port in
+            # use restarted the runner in a loop with `OSError(98 …)` and no remedy).
+            raise SettingsInvalid(
+                [
+                    SettingProblem(
+                        ("RUNFLEET_HTTP_PORT", "RUNFLEET_HTTP_HOST"),
+                        f"RUNFLEET_HTTP_PORT={port} on RUNFLEET_HTTP_HOST={host}: the runner's"
+                        f" health and metrics server cannot listen there ({exc.strerror or exc})",
+                        "set RUNFLEET_HTTP_PORT to a free port, or 0 for any free one (each"
+                        " runner on a machine needs its own)",
+                    )
+                ]
+            ) from exc
         addresses = self._site_runner.addresses
         self.port = int(addresses[0][1]) if addresses else port
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -9,6 +10,7 @@ import aiohttp
 import pytest
 
 from runner.runner import Runner
+from store.settings import SettingsInvalid
 from tests.runner.callables import bound_drain, idle_runner, workflow
 from tests.runner.conftest import Fleet, eventually
 
@@ -100,3 +102,16 @@ async def test_metrics_show_deliveries_moving_after_a_run(
     text = (await get(http, runner, "/metrics"))[1]
     assert sample_line(text, 'runfleet_claims_total{outcome="won",path="fresh"}') == 1.0
     assert sample_line(text, "runfleet_queue_wait_seconds_count") == 1.0
+
+
+async def test_a_health_port_in_use_is_a_usage_error_naming_the_setting(fleet: Fleet) -> None:
+    """An operator walkthrough: `error [internal]: OSError(98 …)`, and `up` restarted the
+    runner in a loop; it is the setting's fault, said as such (the CLI's exit 2)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SettingsInvalid) as caught:
+            await fleet.start_runner(http_port=port)
+    assert f"RUNFLEET_HTTP_PORT={port}" in caught.value.message
+    assert "free port" in (caught.value.remedy or "")
