@@ -191,18 +191,20 @@ def classed(code: object, *, transient: bool) -> str:
     """The failure code a `Transient` or `Permanent` leaves the node with. The exception's
     class says whether a retry may cure it, and the failure table must not say otherwise
     (found by review: `Permanent(RATE_LIMITED)` was retried and auto-resumed, and
-    `Transient("QUOTA_HIT")`, a bot code, ended the run `failed` with no retry). A callable
-    speaks only for its node: a `Transient` keeps a node-level transient code, a `Permanent`
-    a deterministic one or its own upper-case code; anything else (the engine's codes for
-    infrastructure, budgets, the DLQ or a person; an empty or malformed code) becomes
-    `EXECUTION_FAILED` (transient) or `TOOL_FAILED_PERMANENT` (terminal), and the error keeps
-    the code the callable gave (found by a walkthrough: `Permanent("DLQ_PARKED")` faked a
-    parked run, `Permanent("")` left no code at all)."""
+    `Transient("QUOTA_HIT")`, a bot code, ended the run `failed` with no retry). A `Transient`
+    keeps a transient engine code (a node's, or an infrastructure one such as
+    `SANDBOX_CAPACITY` for a pool the callable fronts); a `Permanent` keeps a deterministic
+    code or its own upper-case one, never one the engine keeps for budgets, the DLQ or a
+    person. Anything else (an empty or malformed code too) becomes `EXECUTION_FAILED`
+    (transient) or `TOOL_FAILED_PERMANENT` (terminal), and the error keeps the code the
+    callable gave (found by a walkthrough: `Permanent("DLQ_PARKED")` faked a parked run,
+    `Permanent("BUDGET_EXCEEDED")` paused one for a budget, `Permanent("")` left no code)."""
     fallback = FailureCode.EXECUTION_FAILED if transient else FailureCode.TOOL_FAILED_PERMANENT
     if not isinstance(code, str) or not _OWN_CODE.fullmatch(code):
         return fallback
-    wanted = FailureClass.TRANSIENT_NODE if transient else FailureClass.DETERMINISTIC
-    return code if rule_for(code).klass is wanted else fallback
+    rule = rule_for(code)
+    keeps = rule.transient if transient else rule.klass is FailureClass.DETERMINISTIC
+    return code if keeps else fallback
 
 
 async def run_call(
