@@ -110,13 +110,18 @@ class Runner:
         nc, js = await connect(self.wire, name=f"runfleet-runner-{self.owner}")
         self._nc = nc
         try:
-            await self._check_consumer(js)
-            preflight = getattr(self.driver, "preflight", None)  # may it start sandboxes? (k8s)
-            if preflight is not None:
-                await preflight()
+            await self._start_on(nc, js)
         except BaseException:
-            await self.shutdown()  # the connection and the driver's API client, closed
+            # The connection and the driver's API client, closed: a start that fails anywhere
+            # (a health port in use too) leaves nothing open.
+            await self.shutdown()
             raise
+
+    async def _start_on(self, nc: Client, js: JetStreamContext) -> None:
+        await self._check_consumer(js)
+        preflight = getattr(self.driver, "preflight", None)  # may it start sandboxes? (k8s)
+        if preflight is not None:
+            await preflight()
         dlq = DlqStore(js, self.names, self.blobs)
         self.svc = RunnerServices(
             store=self.store,
