@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from requests.structures import CaseInsensitiveDict
 from schemathesis.checks import not_a_server_error
+from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -61,15 +63,31 @@ def call_as(case: schemathesis.Case[Any], served: Seeded, token: str) -> schemat
     return response
 
 
-@SCHEMA.parametrize()
-@settings(
-    max_examples=int(os.environ.get("RUNFLEET_FUZZ_EXAMPLES", "12")),
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
+OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations()]
+"""One test per operation, each with its own node id: schemathesis's own `parametrize` gives
+them all one, which pytest-xdist's `loadscope` then runs as one test (`./dev test`)."""
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.label)
 def test_fuzzed_requests_get_no_5xx_a_schema_conforming_answer_and_no_other_tenants_data(
-    case: schemathesis.Case[Any], served: Seeded
+    operation: Any, served: Seeded
 ) -> None:
+    # Valid and invalid inputs both, as schemathesis's own `parametrize` generates them.
+    cases = st.one_of(*(operation.as_strategy(generation_mode=mode) for mode in GenerationMode))
+
+    @given(case=cases)
+    @settings(
+        max_examples=int(os.environ.get("RUNFLEET_FUZZ_EXAMPLES", "12")),
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def fuzz(case: schemathesis.Case[Any]) -> None:
+        fuzz_one(case, served)
+
+    fuzz()
+
+
+def fuzz_one(case: schemathesis.Case[Any], served: Seeded) -> None:
     as_b = call_as(case, served, OP_B)
     assert served.run_id not in as_b.text
 
