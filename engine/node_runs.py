@@ -161,8 +161,12 @@ class NodeRuns:
                 outputs=copy.deepcopy(self.checkpoint.outputs),
             )
             call = asyncio.ensure_future(run_call(node_id, node, scope, ctx))
-            if await _within(call, node.timeout):
-                return call.result()
+            try:
+                if await _within(call, node.timeout):
+                    return call.result()
+            except asyncio.CancelledError:  # a cancel or a drain: it reaches the call too
+                call.cancel()
+                raise
             await self._stop(call, what=f"{node_id}'s call after its timeout")
             return NodeFailed(
                 FailureCode.TIMEOUT, f"{node_id}: timed out after {node.timeout:g}s", ctx.cost_usd

@@ -25,6 +25,8 @@ class Gate:
 
     entered: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the call was cancelled while it waited (a cancel must reach the call)."""
 
 
 _gates: dict[str, Gate] = {}
@@ -37,7 +39,11 @@ def gate(run_id: str) -> Gate:
 async def wait_for_release(ctx: CallContext, inputs: dict[str, Any]) -> dict[str, Any]:
     g = gate(ctx.run_id)
     g.entered.set()
-    await g.release.wait()
+    try:
+        await g.release.wait()
+    except asyncio.CancelledError:
+        g.cancelled.set()
+        raise
     return {"released": True}
 
 

@@ -557,6 +557,8 @@ async def test_operator_cancel_read_at_a_lease_refresh_ends_the_run_cancelled_at
     assert "before" in doc.checkpoint.outputs
     assert "hold" not in doc.checkpoint.outputs
     assert not callables.gate(run_id).release.is_set()
+    # the call itself was cancelled, not left running behind the cancelled run
+    await asyncio.wait_for(callables.gate(run_id).cancelled.wait(), DEADLINE_S)
     log = await events(run_id)
     assert len(of_type(log, "run_cancelled")) == 1
     assert not [e for e in of_type(log, "node_finished") if e.data["node"] == "hold"]
