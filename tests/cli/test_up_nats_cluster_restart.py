@@ -11,6 +11,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import Up, cmdline, eventually, stop_cleanly
 
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello.yaml"
@@ -26,6 +28,9 @@ def _node_pid(up: Up, node: str) -> int:
     return pid
 
 
+# Three `up` starts on a 3-node cluster, each waiting out its leader elections, and two runs:
+# over the suite's 120 s when the machine is loaded (the xdist workers' other tests).
+@pytest.mark.timeout(400)
 def test_up_on_a_nats_cluster_restarts_a_dead_node_and_starts_again_on_its_data_dir(
     tmp_path: Path,
 ) -> None:
