@@ -25,6 +25,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from aiohttp import web
 
@@ -57,19 +58,21 @@ class Session:
         self.flash, self.changed = message[:FLASH_MAX], True
 
     def take_flash(self) -> str | None:
-        flash = self.flash
-        if flash is not None:
-            self.flash, self.changed = None, True
-        return flash
+        return self._take("flash")
 
     def refuse(self, message: str) -> None:
         self.refused, self.changed = message[:FLASH_MAX], True
 
     def take_refused(self) -> str | None:
-        refused = self.refused
-        if refused is not None:
-            self.refused, self.changed = None, True
-        return refused
+        return self._take("refused")
+
+    def _take(self, name: Literal["flash", "refused"]) -> str | None:
+        """The message, once: taking it clears it (and the cookie is written again)."""
+        message: str | None = getattr(self, name)
+        if message is not None:
+            setattr(self, name, None)
+            self.changed = True
+        return message
 
 
 @dataclass(frozen=True)
