@@ -100,9 +100,8 @@ def adopt(
     fleet's consumer settings)."""
     if environ.get("RUNFLEET_NATS_URL"):
         return []
-    data = Path(environ.get("RUNFLEET_DATA") or ".runfleet")
-    running = (data / NATS_URL_FILE).is_file()
-    path = data / FLEET_SETTINGS_FILE
+    path = settings_path(environ)
+    running = (path.parent / NATS_URL_FILE).is_file()
     try:
         loaded = json.loads(path.read_text())
         settings = loaded["settings"]
@@ -131,3 +130,8 @@ def adopt(
             environ[name] = value
             taken.append(name)
     return taken
+
+
+def settings_path(environ: Mapping[str, str]) -> Path:
+    """The file `adopt` reads for this environment."""
+    return Path(environ.get("RUNFLEET_DATA") or ".runfleet") / FLEET_SETTINGS_FILE

@@ -16,6 +16,7 @@ it (a URL's schemes, a name's characters).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -85,6 +86,37 @@ class RunfleetSettings(BaseSettings):
             super().__init__(**values)
         except ValidationError as exc:
             raise settings_invalid(type(self), exc, values) from None
+
+
+_TAKEN_FROM: dict[str, str] = {}
+"""Variables this process did not get from its shell, with the file they came from."""
+
+
+def record_taken(names: Sequence[str], source: str) -> None:
+    """Say that `names` were set from `source` (a fleet's `fleet-settings.json`), so a value
+    that does not validate is not told "unset it" — the shell never set it (found by an
+    operator walkthrough)."""
+    for name in names:
+        _TAKEN_FROM[name] = source
+
+
+def _with_source(problem: SettingProblem) -> SettingProblem:
+    taken = [name for name in problem.names if name in _TAKEN_FROM]
+    if not taken:
+        return problem
+    where = "; ".join(f"{name} came from {_TAKEN_FROM[name]}" for name in taken)
+    remedy = problem.remedy
+    if problem.names[0] in _TAKEN_FROM:  # the remedy's "unset it" is about that one
+        remedy = _UNSET.sub("", remedy)
+    return SettingProblem(
+        problem.names,
+        f"{problem.message} ({where})",
+        f"{remedy} in this shell (a value set here wins over that file); to change the"
+        " fleet's own, set it where `runfleet up` runs and restart `up`",
+    )
+
+
+_UNSET = re.compile(r",? or unset it(?: \(default (?:[^()]|\([^()]*\))*\))?")
 
 
 def env_name(field: str, prefix: str = RunfleetSettings.env_prefix) -> str:
@@ -204,7 +236,7 @@ def settings_invalid(
                 f"set {name} to {form}, {_unset_clause(info)}",
             )
         )
-    return SettingsInvalid(problems)
+    return SettingsInvalid([_with_source(p) for p in problems])
 
 
 def _usable_data_dir(path: Path) -> Path:

@@ -16,6 +16,7 @@ from runner.cli.console import console_cmd
 from runner.cli.dlq import dlq_group
 from runner.cli.uploads import upload_cmd
 from runner.cli.validate import validate_cmd
+from store.settings import record_taken
 
 NOT_ADOPTING = frozenset({"up", "validate"})
 """`up` is the fleet whose settings the others adopt; `validate` reads no setting."""
@@ -32,7 +33,10 @@ def cli(ctx: click.Context) -> None:
     uses the settings that fleet runs with, for each variable its own shell does not set.
     """
     if ctx.invoked_subcommand not in NOT_ADOPTING:
-        fleet_settings.adopt(os.environ, warn=lambda m: click.echo(f"warning: {m}", err=True))
+        taken = fleet_settings.adopt(
+            os.environ, warn=lambda m: click.echo(f"warning: {m}", err=True)
+        )
+        record_taken(taken, str(fleet_settings.settings_path(os.environ).resolve()))
 
 
 for _command in (

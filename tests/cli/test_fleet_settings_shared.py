@@ -84,3 +84,26 @@ def test_a_runner_whose_settings_contradict_the_consumer_is_restarted_later_with
         eventually(lambda: said in again.output(), within=30, what="up saying what it changed")
     finally:
         stop_cleanly(again)
+
+
+def test_a_setting_taken_from_the_fleets_file_is_named_with_that_file_not_told_to_unset(
+    tmp_path: Path,
+) -> None:
+    """A value this shell never set cannot be unset here: the error names the file it came
+    from and says how to override it or change the fleet's own (found by an operator
+    walkthrough: "or unset it" for a value `fleet-settings.json` supplied)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "fleet-settings.json").write_text(
+        json.dumps({"settings": {"RUNFLEET_STORE_URL": "bogus://x"}})
+    )
+    taken = runfleet_with(bare_shell(data), "runs")
+    own = runfleet_with(bare_shell(data, RUNFLEET_STORE_URL="bogus://y"), "runs")
+
+    assert taken.returncode == 2, taken.stderr
+    assert f"came from {(data / 'fleet-settings.json').resolve()}" in taken.stderr
+    assert "unset it" not in taken.stderr
+    assert "in this shell" in taken.stderr and "restart `up`" in taken.stderr
+    # The shell's own value is still told "unset it", and the file is not blamed.
+    assert own.returncode == 2, own.stderr
+    assert "unset it" in own.stderr and "fleet-settings.json" not in own.stderr
