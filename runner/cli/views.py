@@ -122,8 +122,14 @@ def echo_run(
         # Who holds it, and until when: after a runner is SIGKILLed the run stays `running`
         # under that runner's lease until it lapses, which the status alone did not say.
         left = (doc.lease.expires_at - utcnow()).total_seconds()
-        until = f"expires in {left:.0f}s" if left > 0 else f"lapsed {-left:.0f}s ago"
-        click.echo(f"lease     {doc.lease.owner}, {until} (renewed while it runs)")
+        if left > 0:
+            said = (
+                f"expires in {left:.0f}s (its runner renews it while it lives; if that runner"
+                " died, the run is taken over once it lapses)"
+            )
+        else:
+            said = f"lapsed {-left:.0f}s ago (not renewed: the run is taken over by a redelivery)"
+        click.echo(f"lease     {doc.lease.owner}, {said}")
     if v["prompt"]:
         if v["prompt"]["message"]:
             click.echo(f"asks      {v['prompt']['message']}")

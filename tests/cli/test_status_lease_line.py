@@ -43,3 +43,14 @@ def test_a_lapsed_lease_is_said_to_have_lapsed(capsys: pytest.CaptureFixture[str
     echo_run(_running(-40))
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("lease")]
     assert "vm:26117, lapsed 4" in line
+
+
+def test_a_live_lease_does_not_claim_its_runner_is_alive(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`status` cannot know whether the holder still runs: it says what happens if it died
+    (it said "renewed while it runs" of a SIGKILLed runner's lease)."""
+    echo_run(_running(25))
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("lease")]
+    assert "renewed while it runs" not in line
+    assert "if that runner died, the run is taken over once it lapses" in line
