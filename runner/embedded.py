@@ -96,6 +96,11 @@ def hold_data_dir(data: Path) -> Iterator[int]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise FleetAlreadyRunning(data, *_lock_holders(path)) from None
+        if stranded := _processes_holding(path, deleted=True):
+            # Someone deleted `up.lock` under a running fleet: this lock is on a new inode and
+            # proves nothing. The fleet's processes still hold the old one (found by an
+            # operator walkthrough: a second `up` then started on the same data dir).
+            raise FleetAlreadyRunning(data, None, stranded, lock_deleted=True)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
@@ -129,8 +134,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _processes_holding(path: Path) -> tuple[int, ...]:
-    target = str(path.resolve())
+def _processes_holding(path: Path, *, deleted: bool = False) -> tuple[int, ...]:
+    """Processes with `path` open; with `deleted`, those holding a file once there and since
+    deleted (Linux names it `PATH (deleted)`)."""
+    target = str(path.resolve()) + (" (deleted)" if deleted else "")
     found: list[int] = []
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         if fd_dir.parent.name == str(os.getpid()):

@@ -60,8 +60,19 @@ class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
     nats-server on the same JetStream store, a second sweeper over the same SQLite file, and
     take `nats.url` from the fleet the other commands use."""
 
-    def __init__(self, data: Path, pid: int | None, orphans: Sequence[int] = ()) -> None:
-        if orphans:
+    def __init__(
+        self,
+        data: Path,
+        pid: int | None,
+        orphans: Sequence[int] = (),
+        *,
+        lock_deleted: bool = False,
+    ) -> None:
+        if lock_deleted:
+            pids = " ".join(str(p) for p in orphans)
+            who = f"its processes still hold {data}/up.lock, which was deleted: pids {pids}"
+            stop = f"`kill {pids}` (never delete up.lock)"
+        elif orphans:
             # The `up` is gone (SIGKILL) but the servers and runners it started still run.
             pids = " ".join(str(p) for p in orphans)
             who = f"processes left by a `runfleet up` that is gone: pids {pids}"

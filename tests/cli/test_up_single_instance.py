@@ -183,3 +183,27 @@ def test_up_on_a_data_dir_it_cannot_write_is_a_usage_error_naming_the_setting(
     assert "RUNFLEET_DATA=" in refused.stderr and "cannot write there" in refused.stderr
     assert "internal" not in refused.stderr
     assert "--data DIR" in refused.stderr
+
+
+def test_a_deleted_lock_file_under_a_running_fleet_still_refuses_a_second_up(
+    tmp_path: Path,
+) -> None:
+    """Deleting `up.lock` under a running fleet left its processes holding a file no one sees,
+    and a second `up` locked a new one and started a second nats-server on the same JetStream
+    store (found by an operator walkthrough). The processes holding the deleted file are the
+    fleet: the second `up` is refused naming them and saying the file was deleted."""
+    running = Up.start(tmp_path, runners=1)
+    try:
+        (running.data / UP_LOCK_FILE).unlink()
+
+        refused = run_up(running.data, running.env)
+
+        assert refused.returncode == 3, refused.stderr
+        assert "error [fleet_already_running]" in refused.stderr
+        assert "up.lock, which was deleted" in refused.stderr
+        assert "never delete up.lock" in refused.stderr
+        named = {int(p) for p in refused.stderr.split("pids ", 1)[1].split(")", 1)[0].split()}
+        assert running.proc.pid in named, refused.stderr
+        assert running.proc.poll() is None  # the running fleet is untouched
+    finally:
+        stop_cleanly(running)
