@@ -451,6 +451,28 @@ def _evaluator(names: dict[str, Any]) -> _Evaluator:
     return evaluator
 
 
+def spilled_hint(context: Mapping[str, Any]) -> str:
+    """Why a field of an output may be missing: that output spilled (SPEC §2), and what is in
+    its place is `{"$blob": KEY, "bytes": N}` (found by a walkthrough: `outputs.big.stdout`
+    failed "'dict object' has no attribute 'stdout'" with no word of the spill)."""
+    outputs = context.get("outputs")
+    if not isinstance(outputs, Mapping):
+        return ""
+    spilled = sorted(
+        str(name)
+        for name, value in outputs.items()
+        if isinstance(value, Mapping) and set(value) == {"$blob", "bytes"}
+    )
+    if not spilled:
+        return ""
+    names = ", ".join(f"outputs.{name}" for name in spilled)
+    return (
+        f" ({names}: over RUNFLEET_OUTPUT_CAP, kept in the blob store; only"
+        ' {"$blob": KEY, "bytes": N} is in its place — write big results to a file and output'
+        " its path)"
+    )
+
+
 def evaluate(expr: str, context: Mapping[str, Any]) -> Any:
     """The value of `expr` over `context`; any failure is an `ExpressionError` naming `expr`."""
     tree = _parsed(expr)
@@ -465,7 +487,8 @@ def evaluate(expr: str, context: Mapping[str, Any]) -> Any:
     except Exception as exc:
         # Anything the expression itself raised (ZeroDivisionError, TypeError, KeyError on a
         # subscript, ...): the expression failed, never the engine.
-        raise ExpressionError(expr, f"{type(exc).__name__}: {exc}") from exc
+        hint = spilled_hint(context)
+        raise ExpressionError(expr, f"{type(exc).__name__}: {exc}{hint}") from exc
 
 
 def evaluate_condition(expr: str, context: Mapping[str, Any]) -> bool:

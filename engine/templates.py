@@ -32,7 +32,7 @@ from markupsafe import Markup
 
 from engine.attachments import Unavailable
 from engine.errors import TemplateError
-from engine.expressions import CONTEXT_ROOTS
+from engine.expressions import CONTEXT_ROOTS, spilled_hint
 from engine.template_bounds import (
     LOCAL,
     MAX_RENDERED_CHARS,
@@ -324,6 +324,7 @@ def render(template: str, context: Mapping[str, Any], *, shell: bool) -> str:
     except TooMuchWork as exc:
         raise TemplateError(template, f"too much work: {exc}") from exc
     except Exception as exc:
-        raise TemplateError(template, f"{type(exc).__name__}: {exc}") from exc
+        hint = spilled_hint(context)
+        raise TemplateError(template, f"{type(exc).__name__}: {exc}{hint}") from exc
     finally:
         LOCAL.budget = None

@@ -9,13 +9,18 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from engine.cancel import CancelSignal
 from engine.config import EngineSettings
+from engine.errors import ExpressionError, TemplateError
 from engine.execution import Execution
+from engine.expressions import evaluate
 from engine.failures import FailureCode
 from engine.loader import load_workflow_file
 from engine.outcome import Failed, Finished, Outcome
 from engine.sandbox.local import LocalSandboxDriver
+from engine.templates import render
 from store import RunStore
 from store.blobs_fs import FilesystemBlobStore
 from tests.engine.conftest import claim_new
@@ -82,3 +87,23 @@ async def test_without_a_blob_store_a_tool_output_over_the_cap_fails_naming_the_
     outcome, _ = await _run(store, tmp_path, None, spill_max=1024)
     assert isinstance(outcome, Failed) and outcome.code is FailureCode.OUTPUT_TOO_LARGE
     assert "RUNFLEET_OUTPUT_CAP" in outcome.error
+
+
+def test_a_template_or_expression_reading_into_a_spilled_output_names_the_spill() -> None:
+    """What a later node sees of a spilled output is `{"$blob": KEY, "bytes": N}`; reading a
+    field of it failed "'dict object' has no attribute 'stdout'" without a word of why (found
+    by a walkthrough). The error names the spilled output and what to do instead."""
+    context = {"outputs": {"big": {"$blob": "runs/r/outputs/big/0", "bytes": 2_000_000}}}
+
+    with pytest.raises(TemplateError) as rendered:
+        render("echo {{ outputs.big.stdout }}", context, shell=True)
+    with pytest.raises(ExpressionError) as evaluated:
+        evaluate("outputs['big']['rows'] > 3", context)
+
+    for error in (str(rendered.value), str(evaluated.value)):
+        assert "outputs.big: over RUNFLEET_OUTPUT_CAP, kept in the blob store" in error
+        assert "write big results to a file" in error
+    # No spill, no hint.
+    with pytest.raises(TemplateError) as plain:
+        render("{{ outputs.small.x }}", {"outputs": {"small": {"y": 1}}}, shell=False)
+    assert "blob store" not in str(plain.value)
