@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +42,34 @@ class DlqRecord(BaseModel):
     runner: str = ""
     at: UtcDatetime
     replayable: bool = True
+
+
+UNREADABLE = "unreadable_record"
+"""The reason shown for a record on the DLQ stream that does not read as a `DlqRecord`."""
+
+
+def read_record(msg: RawStreamMsg) -> DlqRecord:
+    """The record a DLQ message holds, or, when it does not read as one (written by hand, or
+    by another version), a stand-in naming why, holding its raw bytes as its body and never
+    replayable: one such message made every `dlq list` and the API's listing fail
+    `internal` (found by a code review), and the operator could not even purge it."""
+    data = msg.data or b""
+    try:
+        return DlqRecord.model_validate_json(data or b"{}")
+    except ValueError as exc:  # pydantic's ValidationError, or JSON that does not parse
+        subject = msg.subject or ""
+        tail = subject.rsplit(".", 1)[-1]
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return DlqRecord(
+            id=int(tail) if tail.isdigit() and int(tail) >= 1 else msg.seq or 1,
+            body_b64=base64.b64encode(data).decode(),
+            body_bytes=len(data),
+            reason=UNREADABLE,
+            detail=f"the record on {subject or 'the DLQ stream'} does not read: {problem}"
+            " (its raw bytes are the body; purge it once read)",
+            at=msg.time or utcnow(),
+            replayable=False,
+        )
 
 
 class DlqStore:
@@ -95,7 +124,7 @@ class DlqStore:
             if is_stream_missing(exc):
                 raise  # no DLQ stream is not "no record": the caller's boundary translates it
             raise RecordNotFound(f"no DLQ record {record_id}") from None
-        return DlqRecord.model_validate_json(msg.data or b"{}")
+        return read_record(msg)
 
     async def body(self, record: DlqRecord) -> bytes:
         if record.body_b64 is not None:
@@ -120,7 +149,7 @@ class DlqStore:
                 break
             assert msg.seq is not None
             seq = msg.seq + 1
-            record = DlqRecord.model_validate_json(msg.data or b"{}")
+            record = read_record(msg)
             if reason is not None and record.reason != reason:
                 continue
             if older_than is not None and record.at >= older_than:

@@ -311,9 +311,6 @@ class Sweeper:
             record = await self.svc.dlq.get(pub.stream_seq)
         except RecordNotFound:
             return None
-        except ValueError as exc:  # not a record a runfleet part wrote: not this run's
-            log.warning("sweep: DLQ record %s is unreadable (%s)", pub.stream_seq, exc)
-            return None
         if record.run_id != run.run_id or record.attempt != run.attempt:
             return None
         return record

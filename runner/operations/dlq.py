@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from engine.failures import FailureCode
-from publisher.dlq import DlqRecord, DlqStore
+from publisher.dlq import UNREADABLE, DlqRecord, DlqStore
 from publisher.errors import MalformedMessage, RecordNotFound, UnsupportedSchema
 from publisher.nats_errors import nats_boundary
 from publisher.wire import RunMessage, decode
@@ -35,11 +35,13 @@ DLQ_REASONS: tuple[str, ...] = (
     "run_not_found",
     "tenant_mismatch",
     "unsupported_schema",
+    UNREADABLE,
 )
 """Every `reason` the fleet writes on a record (SPEC §5.2, §5.6: the runner's admission and
-disposition, the backstop). A filter naming anything else can only match nothing, so the
-operator surfaces refuse it as a mistyped flag rather than answer an empty list.
-`tests/operations/test_dlq_reasons.py` keeps this in step with the code that writes them."""
+disposition, the backstop), and the one a record that does not read is shown with. A filter
+naming anything else can only match nothing, so the operator surfaces refuse it as a mistyped
+flag rather than answer an empty list. `tests/operations/test_dlq_reasons.py` keeps this in
+step with the code that writes them."""
 
 
 def _dlq(store: DlqStore | None) -> DlqStore:

@@ -179,3 +179,31 @@ async def test_an_operation_meeting_a_missing_stream_raises_stream_not_found(
             await call
         assert is_unreachable(info.value)
         assert "runfleet streams ensure" in (info.value.remedy or "")
+
+
+async def test_a_record_that_does_not_read_is_listed_shown_and_purged_not_an_internal_error(
+    env: Env, dlq: DlqStore
+) -> None:
+    """A message on the DLQ stream that is no `DlqRecord` (written by hand, or by another
+    version) made every listing fail `internal` and could not be purged (found by a code
+    review). It is listed as `unreadable_record` with its raw bytes as its body, never
+    replayable, and purged like any record; the others list as before."""
+    run = await parked(env)
+    await record_for(dlq, run, 61)
+    await dlq.js.publish(dlq.names.dlq_subject(62), b'{"id": "not a number"')
+
+    listed = await ops.list_records(env)
+    assert [r.id for r in listed] == [61, 62]
+    bad = listed[1]
+    assert bad.reason == "unreadable_record" and not bad.replayable and bad.run_id is None
+    assert "does not read" in bad.detail
+    assert [r.id for r in await ops.list_records(env, reason="unreadable_record")] == [62]
+
+    detail = await ops.show_record(env, 62)
+    assert detail.record.reason == "unreadable_record"
+    assert b'{"id": "not a number"' in await dlq.body(detail.record)
+
+    report = await ops.replay_records(env, [62])
+    assert not report.outcomes[0].replayed
+    assert await ops.purge_records(env, [62]) == [62]
+    assert await ids_left(dlq) == [61]
