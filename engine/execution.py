@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from engine import attachments
 from engine.budget import exceeded
@@ -26,9 +26,7 @@ from engine.errors import ExpressionError
 from engine.events import EventLog
 from engine.expressions import evaluate
 from engine.failures import (
-    FailureClass,
     FailureCode,
-    rule_for,
 )
 from engine.fencing import FencedWriter, LeaseLost
 from engine.loader import stored_workflow
@@ -68,7 +66,6 @@ class EngineEnv:
 
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class Execution(RunStops, NodeRuns):
@@ -399,7 +396,3 @@ class Execution(RunStops, NodeRuns):
             if seeded.names:
                 await self.events.emit("attachments_seeded", names=seeded.names, bytes=seeded.bytes)
         return self._sandbox
-
-
-def classify(outcome: Failed) -> FailureClass:
-    return rule_for(outcome.code, bot_resumable=outcome.resumable).klass

@@ -53,6 +53,7 @@ from store.staging import StagingStore
 
 
 def owner_name() -> str:
+    """Who holds a lease, in-process or on a runner: `host:pid`, what an operator can find."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 

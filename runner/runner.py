@@ -25,6 +25,7 @@ from nats.js.errors import NotFoundError, ServiceUnavailableError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from engine.config import EngineSettings
+from engine.local import owner_name
 from engine.outcome import CancelReason
 from engine.sandbox.protocols import SandboxDriver
 from publisher.config import WireSettings
@@ -40,7 +41,7 @@ from runner.delivery import handle
 from runner.health import HealthServer
 from runner.metrics import RunnerMetrics
 from runner.puller import Puller, PullRefused
-from runner.services import RunnerServices, default_owner
+from runner.services import RunnerServices
 from runner.supervisor import TaskGroup
 from runner.sweeper import Sweeper
 from store import BlobStore, RunStore, StoreError
@@ -81,7 +82,7 @@ class Runner:
         self.settings = settings or RunnerSettings()
         self.engine = engine or EngineSettings()
         self.wire = wire or WireSettings()
-        self.owner = owner or default_owner()
+        self.owner = owner or owner_name()
         self.names = WireNames(self.wire.namespace)
         self.consume = consume
         self.metrics = RunnerMetrics()

@@ -3,8 +3,6 @@ executions' cancel signals. Built once by `Runner`, passed down explicitly (no g
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
@@ -17,6 +15,7 @@ from engine.cancel import CancelSignal
 from engine.config import EngineSettings
 from engine.execution import EngineEnv
 from engine.lease import LeaseTiming
+from engine.local import owner_name
 from engine.sandbox.protocols import SandboxDriver
 from engine.scratch import host_backed_of
 from publisher.config import WireSettings
@@ -28,10 +27,6 @@ from runner.config import RunnerSettings
 from runner.delivery_log import DeliveryLog
 from runner.metrics import RunnerMetrics
 from store import BlobStore, RunStore
-
-
-def default_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass
@@ -49,7 +44,7 @@ class RunnerServices:
     publisher: Publisher
     dlq: DlqStore
     data_dir: Path
-    owner: str = field(default_factory=default_owner)
+    owner: str = field(default_factory=owner_name)
     executions: dict[str, CancelSignal] = field(default_factory=dict)
     draining: bool = False
 

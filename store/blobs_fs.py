@@ -117,7 +117,7 @@ class FilesystemBlobStore:
 
     def _put_file_sync(self, key: str, src: Path) -> BlobInfo:
         dest = self._path(key)
-        with _os_errors(f"cannot read {src}"), src.open("rb") as fsrc:
+        with local_errors(f"cannot read {src}"), src.open("rb") as fsrc:
             return _atomic_write(key, dest, lambda out: shutil.copyfileobj(fsrc, out, _COPY_CHUNK))
 
     def _put_bytes_sync(self, key: str, data: bytes) -> BlobInfo:
@@ -143,7 +143,7 @@ class FilesystemBlobStore:
         return info
 
     def _get_bytes_sync(self, key: str) -> bytes:
-        with self._open_blob(key) as fsrc, _os_errors(f"cannot read blob {key!r}"):
+        with self._open_blob(key) as fsrc, local_errors(f"cannot read blob {key!r}"):
             return fsrc.read()
 
     def _stat_sync(self, key: str) -> BlobInfo | None:
@@ -207,7 +207,8 @@ def _info(key: str, st: os.stat_result) -> BlobInfo:
 
 
 @contextlib.contextmanager
-def _os_errors(what: str) -> Iterator[None]:
+def local_errors(what: str) -> Iterator[None]:
+    """A local file's `OSError` as the store's own error, saying what was being done."""
     try:
         yield
     except OSError as exc:

@@ -9,22 +9,14 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
 
-from store.blobs_fs import TEMP_PREFIX
+from store.blobs_fs import TEMP_PREFIX, local_errors
 from store.errors import StoreError
 
 __all__ = ["ThreadedWriter", "local_errors", "temp_beside", "write_chunk"]
-
-
-@contextlib.contextmanager
-def local_errors(what: str) -> Iterator[None]:
-    try:
-        yield
-    except OSError as exc:
-        raise StoreError(f"{what}: {exc}") from exc
 
 
 class ThreadedWriter:
