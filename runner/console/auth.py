@@ -48,7 +48,8 @@ class Principal:
         return self.role == "operate"
 
 
-def _digest(token: str) -> str:
+def token_digest(token: str) -> str:
+    """A token's key in the `TokenBook`, and a session's (its SHA-256)."""
     # `surrogatepass`: a header of bytes that are not UTF-8 reaches us with lone surrogates
     # (aiohttp decodes with `surrogateescape`); it hashes to no token's digest, never a 500.
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
@@ -57,13 +58,18 @@ def _digest(token: str) -> str:
 @dataclass(frozen=True)
 class TokenBook:
     by_digest: Mapping[str, Principal]
+    secret: bytes = b""
+    """Derived from the tokens themselves, never from their digests: the console signs its
+    sessions with it (`SessionSigner`), so what a cookie shows can never sign another."""
 
     @classmethod
     def of(cls, tokens: Mapping[str, Principal]) -> TokenBook:
-        return cls({_digest(token): who for token, who in tokens.items()})
+        material = "\n".join(sorted(tokens)).encode("utf-8", "surrogatepass")
+        secret = hashlib.sha256(b"runfleet console session key\n" + material).digest()
+        return cls({token_digest(token): who for token, who in tokens.items()}, secret)
 
     def lookup(self, token: str) -> Principal | None:
-        return self.by_digest.get(_digest(token))
+        return self.by_digest.get(token_digest(token))
 
     def __len__(self) -> int:
         return len(self.by_digest)

@@ -33,8 +33,8 @@ from runner.console.ui_auth import (
     SessionSigner,
     Viewer,
     csrf_ok,
+    is_https,
     set_cookie,
-    token_digest,
 )
 from runner.operations.errors import is_refusal
 from store import RunfleetError, utcnow
@@ -230,7 +230,7 @@ async def ui_middleware(request: web.Request, handler: Next) -> web.StreamRespon
     request[VIEWER] = Viewer(session, principal, logged_in, bool(len(signer.tokens)))
     response = await _guarded(request, handler, logged_in)
     if session.changed and not response.prepared:
-        set_cookie(response, signer.dump(session), request.secure)
+        set_cookie(response, signer.dump(session), is_https(request))
     response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers.setdefault("X-Frame-Options", "DENY")
     response.headers.setdefault("Referrer-Policy", "no-referrer")
@@ -321,10 +321,10 @@ async def login(request: web.Request) -> web.StreamResponse:
     if signer.tokens.lookup(token) is None:
         return page(request, "login.html", status=401, problem="unknown token")
     # A new session, new CSRF nonce: nothing of one planted before the login carries over.
-    fresh = Session(digest=token_digest(token))
+    fresh = Session(digest=signer.session_id(token))
     request[VIEWER].session.changed = False
     response = redirect(f"{PREFIX}/runs")
-    set_cookie(response, signer.dump(fresh), request.secure)
+    set_cookie(response, signer.dump(fresh), is_https(request))
     return response
 
 

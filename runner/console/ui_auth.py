@@ -2,12 +2,14 @@
 once in a login form, and a CSRF token on every form.
 
 A browser cannot send `Authorization: Bearer` on a plain link or form, so after a login the
-browser holds a session cookie (HttpOnly, SameSite=Strict) that names the token by its SHA-256
-— the key the `TokenBook` already keeps — never the token itself. The cookie is signed with a
-key derived from every token's digest: any replica serving the same tokens (the cluster runs
-several behind one Service) accepts a session another made, nobody without a token can forge
-one, and a token removed from the book ends its sessions at once (the cookie's digest no longer
-looks anything up; changing the book also changes the key). Without any token there is nothing
+browser holds a session cookie (HttpOnly, SameSite=Strict) that names the token by a keyed
+hash of it, never the token itself nor a plain hash to guess at offline. The cookie is signed
+with a key derived from the tokens themselves (`TokenBook.secret`): any replica serving the
+same tokens (the cluster runs several behind one Service) accepts a session another made,
+nobody without the tokens can forge one (it was derived from their digests, which a cookie
+showed: a security walkthrough forged ten-year operate sessions from one cookie), no session
+is read past `SESSION_TTL_S` from now, and a token removed from the book ends its sessions at
+once (changing the book changes the key). Without any token there is nothing
 to log in to, and the key is random.
 
 Every form carries the session's CSRF token (a nonce inside the signed cookie); every POST must
@@ -24,21 +26,17 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from aiohttp import web
 
-from runner.console.auth import Principal, TokenBook, TokenSource
+from runner.console.auth import Principal, TokenBook, TokenSource, token_digest
 
 COOKIE = "runfleet_session"
 SESSION_TTL_S = 12 * 3600.0
 FLASH_MAX = 500
-
-
-def token_digest(token: str) -> str:
-    """A token's key in the `TokenBook` (its SHA-256, as `auth` computes it)."""
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass
@@ -120,6 +118,7 @@ class SessionSigner:
     def __init__(self, source: TokenSource) -> None:
         self.source = source
         self._keyed: tuple[TokenBook, bytes] | None = None
+        self._ids: tuple[bytes, dict[str, Principal]] | None = None
 
     @property
     def tokens(self) -> TokenBook:
@@ -128,17 +127,21 @@ class SessionSigner:
 
     @property
     def key(self) -> bytes:
-        """Derived from the tokens' digests, so every replica serving them signs alike; a
-        change of the tokens changes it, which logs every console session out."""
+        """Derived from the tokens themselves (`TokenBook.secret`), so every replica serving
+        them signs alike and a change of the tokens logs every console session out. Not from
+        their digests: it was, and a session cookie, which holds its token's digest, was all a
+        person needed to sign sessions of their own, with any expiry (found by a security
+        walkthrough)."""
         book = self.tokens
         if self._keyed is None or self._keyed[0] is not book:
-            if len(book):
-                material = "\n".join(sorted(book.by_digest)).encode()
-                key = hashlib.sha256(b"runfleet console session\n" + material).digest()
-            else:
-                key = secrets.token_bytes(32)
+            key = book.secret if len(book) else secrets.token_bytes(32)
             self._keyed = (book, key)
         return self._keyed[1]
+
+    def session_id(self, token: str) -> str:
+        """What a session keeps of its token: keyed, so a cookie shows no plain hash of a
+        token to guess at offline."""
+        return hmac.new(self.key, token_digest(token).encode(), hashlib.sha256).hexdigest()
 
     def _sign(self, payload: str) -> str:
         return hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
@@ -174,10 +177,30 @@ class SessionSigner:
             )
         except (ValueError, KeyError, TypeError):
             return None
-        return session if session.expires > time.time() else None
+        now = time.time()
+        return session if now < session.expires <= now + SESSION_TTL_S else None
 
     def principal(self, session: Session) -> Principal | None:
-        return self.tokens.by_digest.get(session.digest) if session.digest else None
+        if not session.digest:
+            return None
+        return self._by_session_id().get(session.digest)
+
+    def _by_session_id(self) -> Mapping[str, Principal]:
+        key = self.key
+        if self._ids is None or self._ids[0] is not key:
+            ids = {
+                hmac.new(key, digest.encode(), hashlib.sha256).hexdigest(): who
+                for digest, who in self.tokens.by_digest.items()
+            }
+            self._ids = (key, ids)
+        return self._ids[1]
+
+
+def is_https(request: web.Request) -> bool:
+    """The browser reached us over HTTPS: directly, or through a proxy that terminated TLS and
+    says so (`X-Forwarded-Proto`, as an Ingress does); the cookie is then `Secure`."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.secure or forwarded == "https"
 
 
 def set_cookie(response: web.StreamResponse, value: str, secure: bool) -> None:

@@ -6,8 +6,13 @@ same pages in Chromium."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import fnmatch
+import hashlib
+import hmac
+import json
 import re
+import time
 import tomllib
 from datetime import timedelta
 from pathlib import Path
@@ -190,6 +195,51 @@ async def test_console_a_forged_cookie_or_a_removed_token_is_not_a_login(api: Ap
             other.session.cookie_jar.update_cookies({"runfleet_session": value})
             status, html = await get_html(other, "/ui/runs")
             assert status == 200 and "not logged in" in html and "operate" not in html
+
+
+async def test_console_a_session_cookie_gives_no_way_to_sign_another(api: Api) -> None:
+    """The signing key was the SHA-256 of a tag and the tokens' digests, and a cookie held its
+    token's plain digest: from one cookie of a one-token console anyone could sign sessions
+    with any expiry and CSRF value (found by a security walkthrough). Now the cookie shows no
+    plain hash of the token, a session signed as before is refused, and so is one of ours
+    that claims an expiry past the session's lifetime."""
+    only = TokenBook.of({OP_A: Principal("default", "operate")})
+    run = await put_run(api.env.store, status=RunStatus.PAUSED_OPERATOR)
+    async with TestClient(TestServer(create_app(api.env, only))) as client:
+        await log_in(client, OP_A)
+        cookie = client.session.cookie_jar.filter_cookies(client.make_url("/"))
+        payload, _, _ = cookie["runfleet_session"].value.rpartition(".")
+        body = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        plain = hashlib.sha256(OP_A.encode()).hexdigest()
+        assert body["d"] != plain  # no plain hash of the token to guess at offline
+
+        def signed(session: dict[str, object], key: bytes) -> str:
+            raw = json.dumps(session, separators=(",", ":")).encode()
+            data = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+            return f"{data}.{hmac.new(key, data.encode(), hashlib.sha256).hexdigest()}"
+
+        old_key = hashlib.sha256(b"runfleet console session\n" + plain.encode()).digest()
+        forged = {"c": "mine", "d": plain, "e": time.time() + 10 * 365 * 86400, "f": None}
+        too_long = {**body, "e": time.time() + 10 * 365 * 86400}
+        for value in (signed(forged, old_key), signed(too_long, only.secret)):
+            async with TestClient(TestServer(create_app(api.env, only))) as other:
+                other.session.cookie_jar.update_cookies({"runfleet_session": value})
+                resp = await other.post(
+                    f"/ui/runs/{run.run_id}/cancel", data={"csrf": "mine"}, allow_redirects=False
+                )
+                assert resp.status == 403
+                _, html = await get_html(other, "/ui/runs")
+                assert "not logged in" in html
+    assert (await api.env.store.get_run(run.run_id)).status is RunStatus.PAUSED_OPERATOR
+
+
+async def test_console_the_session_cookie_is_secure_behind_a_proxy_that_terminated_tls(
+    api: Api,
+) -> None:
+    resp = await api.client.get("/ui/login", headers={"X-Forwarded-Proto": "https"})
+    assert resp.cookies["runfleet_session"]["secure"]
+    resp = await api.client.get("/ui/login")
+    assert not resp.cookies["runfleet_session"]["secure"]
 
 
 async def test_console_logout_ends_the_login(api: Api) -> None:
