@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
+import sys
 
 import click
 
@@ -61,6 +63,13 @@ async def console_cmd(port: int, host: str) -> None:
         # start-up heap (≈ 60 ms here): frozen once it is built, as a runner's is (ADR-0016).
         freeze_startup_heap()
 
+    # What the server has to say (a token file that no longer reads, a request that failed)
+    # goes to stderr, with the time: it was logged to no handler (a security walkthrough).
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("runner.console")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
     serving = asyncio.ensure_future(serve(host, port, started=started))
     stopping: list[bool] = []
 

@@ -209,11 +209,14 @@ def _log_fleet_events(data: Path, *, to_stderr: bool) -> None:
     handlers: list[logging.Handler] = [logging.FileHandler(data / "logs" / "up.log")]
     if to_stderr:
         handlers.append(logging.StreamHandler(sys.stderr))
-    logger = logging.getLogger("runner.embedded")
-    logger.setLevel(logging.INFO)
-    for handler in handlers:
-        handler.setFormatter(fmt)
-        logger.addHandler(handler)
+    # The API server's own warnings too: a token file that no longer reads (its tokens read
+    # before stay) was logged to no handler (a security walkthrough).
+    for name in ("runner.embedded", "runner.console"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        for handler in handlers:
+            handler.setFormatter(fmt)
+            logger.addHandler(handler)
 
 
 async def _serve_api(

@@ -31,23 +31,18 @@ from runner.console.models import (
 )
 from runner.console.routing import Call, Param, Route, invalid, parse_int
 from runner.operations.dlq import DLQ_REASONS
-from store import RunfleetError, RunNotFound
+from store import RunfleetError
 from store.settings import DURATION_FORM
 from store.timeutil import parse_duration
 
 
 async def owner_of(call: Call, record: DlqRecord) -> str:
-    if record.run_id:
-        try:
-            return (await call.env.store.get_run(record.run_id)).tenant
-        except RunNotFound:
-            pass
-    return call.fleet_tenant
+    return await ops.record_owner(call.env, record, call.fleet_tenant)
 
 
 async def callers_records(call: Call, records: list[DlqRecord]) -> list[DlqRecord]:
     """The records of the caller's tenant (a record whose run is gone is the fleet's)."""
-    return [r for r in records if await owner_of(call, r) == call.principal.tenant]
+    return await ops.records_of(call.env, records, call.principal.tenant, call.fleet_tenant)
 
 
 def parse_older_than(raw: str | None) -> timedelta | None:

@@ -171,6 +171,10 @@ async def live(
     quiet = 0
     try:
         while not stopping.is_set():
+            if not session_still_holds(request):
+                ended = fragment("_problem.html", error=SESSION_ENDED)
+                await response.write(sse_event("problem", ended))
+                break
             try:
                 fragments = {**await render(), "problem": ""}
             except RunfleetError as exc:
@@ -191,6 +195,27 @@ async def live(
     except ConnectionResetError:
         pass  # the browser left
     return response
+
+
+SESSION_ENDED = {
+    "code": "unauthorized",
+    "message": "this session's token no longer holds (revoked, or given another tenant or"
+    " role): nothing more is shown",
+    "remedy": "reload the page, and log in again",
+}
+
+
+def session_still_holds(request: web.Request) -> bool:
+    """Whether a logged-in viewer's session still maps to the principal the page was opened
+    as (a live page looks as it goes: one opened before its token was revoked kept showing
+    the tenant's new runs, found by a security walkthrough). A viewer who was not logged in
+    reads as the fleet's tenant, which no token file changes."""
+    who = request[VIEWER]
+    if not who.logged_in:
+        return True
+    signer = request.app[SIGNER]
+    session = signer.load(request.cookies.get(COOKIE))
+    return session is not None and signer.principal(session) == who.principal
 
 
 async def stop_live(app: web.Application) -> None:

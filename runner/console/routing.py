@@ -18,7 +18,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from runner import operations as ops
-from runner.console.auth import Principal
+from runner.console.auth import Principal, TokenSource, bearer
 from runner.console.errors import ApiError
 from runner.operations import Env
 from store import RunDocument, RunNotFound
@@ -27,6 +27,17 @@ M = TypeVar("M", bound=BaseModel)
 
 ENV = web.AppKey("runfleet.env", Env)
 PRINCIPAL = web.RequestKey("runfleet.principal", Principal)
+TOKENS = web.AppKey("runfleet.tokens", TokenSource)
+
+
+def bearer_still_holds(request: web.Request) -> bool:
+    """Whether the request's bearer token still maps to the principal it was let in as: a
+    stream checks it as it goes, so a revoked token (or one moved to another tenant or role)
+    ends the streams it opened (found by a security walkthrough: an events stream opened
+    before a revocation kept sending the run's outputs)."""
+    token = bearer(request.headers.get("Authorization"))
+    now = request.app[TOKENS].book().lookup(token) if token is not None else None
+    return now is not None and now == request.get(PRINCIPAL)
 
 
 @dataclass(frozen=True)

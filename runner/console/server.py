@@ -25,11 +25,12 @@ from runner.console.auth import TokenBook, TokenSource, bearer
 from runner.console.errors import ApiError, error_json, response_for
 from runner.console.models import Health, Readiness
 from runner.console.openapi import document
-from runner.console.routing import ENV, PRINCIPAL, endpoint
+from runner.console.routing import ENV, PRINCIPAL, TOKENS, endpoint
 from runner.console.ui import create_ui
 from runner.console.ui_fleet import RUNNERS, RunnerSource
 from runner.operations import Env, open_env
 from store import RunfleetError, StoreError
+from store.settings import SettingsInvalid
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,6 @@ def url_of(address: Any) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-TOKENS = web.AppKey("runfleet.tokens", TokenSource)
 OPENAPI = web.AppKey("runfleet.openapi", dict[str, Any])
 
 
@@ -276,6 +276,25 @@ def create_app(
     return app
 
 
+def _warn_of_a_shared_host(env: Env, book: TokenBook) -> None:
+    """Tokens of several tenants on the `local` sandbox: the API keeps them apart, but a tool
+    node runs on this host as the runner's user and can read every tenant's data and the
+    token file (found by a security walkthrough; docs/api.md)."""
+    tenants = sorted({who.tenant for who in book.by_digest.values()})
+    try:
+        sandbox = env.engine.sandbox
+    except SettingsInvalid:
+        return  # a runner setting the API does not use: not this server's to refuse
+    if len(tenants) > 1 and sandbox == "local":
+        log.warning(
+            "the tokens name %d tenants (%s) and the sandbox is `local`: workflows of one can"
+            " read the others' data on this host; serve several tenants with RUNFLEET_SANDBOX="
+            "kubernetes (docs/api.md)",
+            len(tenants),
+            ", ".join(tenants[:5]) + (", ..." if len(tenants) > 5 else ""),
+        )
+
+
 async def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
@@ -293,6 +312,7 @@ async def serve(
             log.warning(
                 "no RUNFLEET_API_TOKENS or RUNFLEET_CONSOLE_TOKEN: every request is refused"
             )
+        _warn_of_a_shared_host(env, tokens.book())
         app = create_app(env, tokens, open_reads=host in LOOPBACK, runners=runners)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
         await runner.setup()

@@ -14,17 +14,19 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 from aiohttp import web
 
 from runner import operations as ops
 from runner.console.models import MAX_SEQ, EventOut, RunOut
-from runner.console.routing import Call, owned_run
-from store import RunfleetError
+from runner.console.routing import Call, bearer_still_holds, owned_run
+from store import Event, RunfleetError
 
 KEEPALIVE_S = 15.0
+RECHECK_S = 1.0
+"""How often an open stream looks whether its token still holds (`bearer_still_holds`)."""
 KEEPALIVE = b": keep-alive\n\n"
 _ASCII_DIGITS = re.compile(f"[0-9]{{1,{len(str(MAX_SEQ))}}}")
 
@@ -38,7 +40,7 @@ def frame(data: str, event: str | None = None, event_id: int | None = None) -> b
     return f"{head}data: {data}\n\n".encode()
 
 
-async def with_heartbeat(source: AsyncIterator[T], every: float) -> AsyncIterator[T | None]:
+async def with_heartbeat(source: AsyncIterator[T], every: float) -> AsyncGenerator[T | None, None]:
     """`source`'s items, and None whenever `every` seconds pass without one. The pending read
     is never cancelled by a beat (cancelling it would end `source`), only when the consumer
     leaves."""
@@ -76,6 +78,34 @@ def start_after(call: Call) -> int:
     return after
 
 
+REVOKED = {
+    "code": "unauthorized",
+    "message": "the token no longer holds (revoked, or given another tenant or role)",
+    "remedy": "open the stream again with a token of RUNFLEET_API_TOKENS",
+}
+
+
+async def _send_events(
+    call: Call, response: web.StreamResponse, batches: AsyncIterator[list[Event]]
+) -> bool:
+    """Every event until the run settles (True), or until the token stops holding (False)."""
+    quiet = 0.0
+    async with contextlib.aclosing(with_heartbeat(batches, RECHECK_S)) as beats:
+        async for batch in beats:
+            if not bearer_still_holds(call.request):
+                return False
+            if batch is None:
+                quiet += RECHECK_S
+                if quiet >= KEEPALIVE_S:
+                    await response.write(KEEPALIVE)
+                    quiet = 0.0
+                continue
+            quiet = 0.0
+            for event in batch:
+                await response.write(frame(EventOut.of(event).model_dump_json(), None, event.seq))
+    return True
+
+
 async def stream(call: Call) -> web.StreamResponse:
     doc = await owned_run(call, call.path("run_id"))
     after = start_after(call)
@@ -86,16 +116,11 @@ async def stream(call: Call) -> web.StreamResponse:
     batches = ops.event_batches(call.env, doc.run_id, after=after, follow=True)
     try:
         try:
-            async for batch in with_heartbeat(batches, KEEPALIVE_S):
-                if batch is None:
-                    await response.write(KEEPALIVE)
-                    continue
-                for event in batch:
-                    await response.write(
-                        frame(EventOut.of(event).model_dump_json(), None, event.seq)
-                    )
-            final = RunOut.of(await ops.get_run(call.env, doc.run_id))
-            await response.write(frame(final.model_dump_json(), "end"))
+            if await _send_events(call, response, batches):
+                final = RunOut.of(await ops.get_run(call.env, doc.run_id))
+                await response.write(frame(final.model_dump_json(), "end"))
+            else:
+                await response.write(frame(json.dumps({"error": REVOKED}), "error"))
         except RunfleetError as exc:
             await response.write(frame(json.dumps({"error": exc.to_dict()}), "error"))
         await response.write_eof()

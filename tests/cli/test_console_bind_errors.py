@@ -6,14 +6,17 @@ in use — which `up` refuses before it starts anything, so there is no fleet to
 
 from __future__ import annotations
 
+import select
+import signal
 import socket
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import fleet_env, processes_of, run_to_exit
+from tests.cli.conftest import RUNFLEET, fleet_env, processes_of, run_to_exit
 
 
 @pytest.fixture
@@ -88,3 +91,51 @@ def test_up_with_a_tokens_file_it_cannot_use_is_a_usage_error_before_the_fleet_s
     assert "runfleet up:" not in result.stderr
     assert not (data / "nats.url").exists()
     assert not processes_of(data)
+
+
+def test_console_says_on_stderr_when_its_token_file_no_longer_reads_or_tenants_share_a_host(
+    tmp_path: Path,
+) -> None:
+    """A token file edited into something that does not read keeps the tokens read before, and
+    the docs promise the server's log says why; that log line went to no handler (a security
+    walkthrough). `runfleet console` writes its log to stderr."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("tok default operate\ntheirs bravo read\n")
+    env = {**fleet_env(tmp_path / "data"), "RUNFLEET_API_TOKENS": str(tokens)}
+    proc = subprocess.Popen(
+        [str(RUNFLEET), "console", "--port", "0"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        url, before = "", []
+        while not url:
+            line = proc.stderr.readline()
+            assert line, "the console exited before it said where it listens"
+            before.append(line)
+            if line.startswith("runfleet API on "):
+                url = line.split(" on ", 1)[1].strip()
+        # Two tenants on the `local` sandbox: said at start (the boundary is not the sandbox's).
+        assert any("2 tenants (bravo, default)" in x and "kubernetes" in x for x in before)
+        tokens.write_text("tok default operate\nother default admin\n")  # role misspelt
+        request = urllib.request.Request(
+            f"{url}/api/v1/runs", headers={"Authorization": "Bearer tok"}
+        )
+        for _ in range(50):  # the server looks at the file at most once a second
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert answer.status == 200  # the tokens read before stay
+            if not select.select([proc.stderr], [], [], 0.1)[0]:
+                continue
+            said = proc.stderr.readline()
+            if "RUNFLEET_API_TOKENS" in said:
+                break
+        else:
+            raise AssertionError("the console never said the token file does not read")
+        assert "ERROR" in said and "the tokens read before stay" in said and "line 2" in said
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)  # and closes its stderr

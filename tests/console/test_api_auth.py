@@ -4,13 +4,14 @@ they answer exactly as things that do not exist."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from runner.console import Principal, auth, create_app, load_tokens
+from runner.console import Principal, auth, create_app, load_tokens, sse
 from runner.console.api import ROUTES
 from runner.console.auth import TokenSource, parse_tokens
 from store import RunStatus
@@ -157,3 +158,34 @@ async def test_a_token_file_change_takes_effect_without_a_restart(
         swap("new-token default admin\nold-token default operate\n")  # does not read
         assert await status_with("new-token") == 200
         assert await status_with("old-token") == 401
+
+
+async def test_a_revoked_token_ends_the_event_streams_it_opened(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a security walkthrough: an events stream opened before its token was revoked
+    went on sending the run's events (and outputs) to the end. The stream looks as it goes and
+    ends with an `error` event saying so; nothing after the revocation is sent."""
+    monkeypatch.setattr(auth, "RECHECK_S", 0.0)
+    monkeypatch.setattr(sse, "RECHECK_S", 0.05)
+    path = tmp_path / "tokens"
+    path.write_text("kept default operate\nrevoked default read\n")
+    source = TokenSource.from_env("default", {"RUNFLEET_API_TOKENS": str(path)})
+    run = await put_run(api.env.store, status=RunStatus.QUEUED)  # no runner: it stays quiet
+
+    async with TestClient(TestServer(create_app(api.env, source))) as client:
+        resp = await client.get(
+            f"/api/v1/runs/{run.run_id}/events/stream",
+            headers={"Authorization": "Bearer revoked"},
+        )
+        assert resp.status == 200
+        fresh = tmp_path / "tokens.new"
+        fresh.write_text("kept default operate\n")
+        os.replace(fresh, path)
+        await api.env.store.append_event(run.run_id, "after_revocation", {}, attempt=1)
+
+        text = await asyncio.wait_for(resp.text(), 10)  # the stream ends by itself
+
+    assert "event: error" in text and "no longer holds" in text, text
+    assert "after_revocation" not in text
+    assert "event: end" not in text

@@ -11,6 +11,7 @@ import fnmatch
 import hashlib
 import hmac
 import json
+import os
 import re
 import time
 import tomllib
@@ -26,7 +27,8 @@ from nats.js import JetStreamContext
 from publisher import DlqStore
 from publisher.errors import NatsUnavailable
 from runner import operations as ops
-from runner.console import Principal, TokenBook, create_app, ui_runs
+from runner.console import Principal, TokenBook, auth, create_app, ui_runs
+from runner.console.auth import TokenSource
 from runner.console.pages import loopback_host
 from runner.delivery_log import read_deliveries
 from store import Checkpoint, Lease, RunStatus, StagedFile, Update, utcnow
@@ -318,6 +320,30 @@ async def test_console_live_runs_stream_sends_a_run_created_after_it_opened(api:
         run = await put_run(api.env.store, status=RunStatus.FINISHED)
         rows = await read_event(resp, "runs", run.run_id)
         assert f'data-run="{run.run_id}"' in rows
+
+
+async def test_console_a_revoked_tokens_live_page_stops_showing_the_tenants_runs(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a security walkthrough: a live runs page opened by a token since revoked went
+    on pushing the tenant's new runs. It looks at its session as it goes: once the token no
+    longer holds, it says so and ends; a run made after that is never sent."""
+    monkeypatch.setattr(auth, "RECHECK_S", 0.0)
+    path = tmp_path / "tokens"
+    path.write_text("revoked-op default operate\n")
+    source = TokenSource.from_env("default", {"RUNFLEET_API_TOKENS": str(path)})
+    async with TestClient(TestServer(create_app(api.env, source))) as client:
+        await log_in(client, "revoked-op")
+        async with client.get("/ui/runs/live") as resp:
+            await read_event(resp, "counts", "")
+            fresh = tmp_path / "tokens.new"
+            fresh.write_text("someone-else default operate\n")
+            os.replace(fresh, path)
+            ended = await read_event(resp, "problem", "no longer holds")
+            assert "log in again" in ended
+            later = await put_run(api.env.store, status=RunStatus.FINISHED)
+            rest = await asyncio.wait_for(resp.content.read(), 10)  # the stream has ended
+            assert later.run_id.encode() not in rest
 
 
 async def test_console_dlq_bulk_replay_by_reason_replays_every_record_with_it(api: Api) -> None:
