@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from publisher import DlqRecord
+from publisher.errors import RecordNotFound
 from publisher.replay import replay_refusal
 from runner import operations as ops
 from runner.cli.errors import EXIT_REFUSED, EXIT_UNREACHABLE
@@ -133,6 +134,16 @@ def _ids_or_all(
     return None if all_ else ids
 
 
+def _not_this_tenants(record_id: int, tenant: str) -> RecordNotFound:
+    """A record of another tenant, named to the CLI's operator as the API names it to a token
+    of another tenant: not found, with how to act for its tenant."""
+    return RecordNotFound(
+        f"no DLQ record {record_id} for tenant {tenant}",
+        remedy="list records with `runfleet dlq list`; a record belongs to its run's tenant:"
+        " set RUNFLEET_TENANT to that tenant to act on it",
+    )
+
+
 @click.group("dlq")
 def dlq_group() -> None:
     """Dead-letter records: what the fleet could not process, kept for an operator.
@@ -157,9 +168,12 @@ async def dlq_list(reason: str | None, older_than: timedelta | None, as_json: bo
     """
     age = older_than
     async with open_env(create_store=False) as env:
-        records = await ops.list_records(env, reason=reason, older_than=age)
+        every = await ops.list_records(env, reason=reason, older_than=age)
+        records = await ops.records_of(env, every, env.tenant, env.tenant)
+        tenant = env.tenant
+    others = len(every) - len(records)
     if as_json:
-        echo_json({"records": [record_view(r) for r in records]})
+        echo_json({"records": [record_view(r) for r in records], "other_tenants": others})
         return
     click.echo(f"{'ID':>8} {'RUN':<38} {'ATT':>3} {'REASON':<20} {'DELIV':>5} AGE")
     for r in records:
@@ -169,6 +183,13 @@ async def dlq_list(reason: str | None, older_than: timedelta | None, as_json: bo
             f" {r.num_delivered:>5} {_age((utcnow() - r.at).total_seconds())}"
         )
     click.echo(f"{len(records)} record(s)")
+    if others:
+        # The CLI acts for RUNFLEET_TENANT, as the API acts for its token's tenant (found by a
+        # walkthrough: `dlq list` showed every tenant's records, `dlq replay` acted for one).
+        click.echo(
+            f"({others} record(s) of other tenants not shown: this lists tenant {tenant}'s;"
+            " set RUNFLEET_TENANT to see another's)"
+        )
 
 
 @dlq_group.command("show")
@@ -183,7 +204,10 @@ async def dlq_show(record_id: int, as_json: bool) -> None:
       runfleet dlq show 42
     """
     async with open_env(create_store=False) as env:
-        view = detail_view(await ops.show_record(env, record_id))
+        detail = await ops.show_record(env, record_id)
+        if await ops.record_owner(env, detail.record, env.tenant) != env.tenant:
+            raise _not_this_tenants(record_id, env.tenant)
+        view = detail_view(detail)
     if as_json:
         echo_json(view)
     else:
@@ -229,6 +253,10 @@ async def dlq_replay(ids: tuple[int, ...], all_: bool, reason: str | None, as_js
     """
     selected = _ids_or_all(ids, all_, {"--reason": reason})
     async with open_env(create_store=False) as env:
+        if selected is None:  # --all: this tenant's records (another's would each be refused)
+            every = await ops.select_records(env, None, reason=reason)
+            mine = await ops.records_of(env, every, env.tenant, env.tenant)
+            selected = tuple(r.id for r in mine)
         report = await ops.replay_records(env, selected, reason=reason)
     if as_json:
         echo_json(replay_view(report))
@@ -279,7 +307,11 @@ async def dlq_purge(
     selected = _ids_or_all(ids, all_, {"--reason": reason, "--older-than": older_than})
     age = older_than
     async with open_env(create_store=False) as env:
-        records = await ops.select_records(env, selected, reason=reason, older_than=age)
+        found = await ops.select_records(env, selected, reason=reason, older_than=age)
+        records = await ops.records_of(env, found, env.tenant, env.tenant)
+        if selected is not None and len(records) != len(found):
+            theirs = sorted({r.id for r in found} - {r.id for r in records})
+            raise _not_this_tenants(theirs[0], env.tenant)
         if not records:
             echo_json({"removed": []}) if as_json else click.echo("nothing to purge")
             return

@@ -10,7 +10,7 @@ Printing, prompting and flag parsing belong to the caller.
     runs   launch, run_local, get_run, list_runs, event_batches, timeline_batches, resume,
            resume_local, cancel, rewind
     dlq    list_records, select_records, show_record, replay_records, purge_records,
-           parked_record_id
+           parked_record_id, record_owner, records_of
     fleet  ensure_wire, sweep, plan_gc, collect_garbage
 """
 
@@ -18,6 +18,8 @@ from runner.operations.dlq import (
     list_records,
     parked_record_id,
     purge_records,
+    record_owner,
+    records_of,
     replay_records,
     select_records,
     show_record,
@@ -72,6 +74,8 @@ __all__ = [
     "parked_record_id",
     "plan_gc",
     "purge_records",
+    "record_owner",
+    "records_of",
     "replay_records",
     "resume",
     "resume_local",

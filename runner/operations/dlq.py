@@ -44,6 +44,25 @@ flag rather than answer an empty list. `tests/operations/test_dlq_reasons.py` ke
 step with the code that writes them."""
 
 
+async def record_owner(env: Env, record: DlqRecord, fleet_tenant: str) -> str:
+    """The tenant a record belongs to: its run's; a record no run can be found for (a
+    message that did not decode, a run collected since) belongs to the fleet's tenant."""
+    if record.run_id:
+        try:
+            return (await env.store.get_run(record.run_id)).tenant
+        except RunNotFound:
+            pass
+    return fleet_tenant
+
+
+async def records_of(
+    env: Env, records: Sequence[DlqRecord], tenant: str, fleet_tenant: str
+) -> list[DlqRecord]:
+    """The records of `tenant` among `records` (the API and the console act for the caller's,
+    the CLI for `RUNFLEET_TENANT`'s)."""
+    return [r for r in records if await record_owner(env, r, fleet_tenant) == tenant]
+
+
 def _dlq(store: DlqStore | None) -> DlqStore:
     assert store is not None, "Env.publisher() always has a DLQ store"
     return store

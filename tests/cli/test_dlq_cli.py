@@ -345,3 +345,39 @@ def test_a_bulk_replay_killed_after_queueing_a_replay_replays_each_run_once_when
         assert rerun.returncode == 0, rerun.stdout
     finally:
         purge(fleet, *(record_ids(fleet) & {p.record_id for p in parked}))
+
+
+@pytest.mark.timeout(300)  # parking a run takes two deliveries; slow on a loaded machine
+def test_dlq_commands_act_for_runfleet_tenant_as_the_api_acts_for_its_tokens_tenant(
+    fleet: Up, workdir: Path
+) -> None:
+    """Found by a tenant-isolation walkthrough: `dlq list`, `show` and `purge` read and removed
+    every tenant's records while `dlq replay` acted for `RUNFLEET_TENANT` only (the API scopes
+    all four). Another tenant's record is not found (exit 3) and untouched; the listing says
+    how many records of other tenants it does not show."""
+    (parked,) = park(fleet, workdir, 1)
+    bravo = {"RUNFLEET_TENANT": "bravo"}
+    try:
+        listed = fleet.cli("dlq", "list", "--json", env=bravo)
+        assert listed.returncode == 0, listed.stderr
+        shown = json.loads(listed.stdout)
+        assert parked.record_id not in {r["id"] for r in shown["records"]}
+        assert shown["other_tenants"] >= 1
+        text = fleet.cli("dlq", "list", env=bravo).stdout
+        assert "of other tenants not shown" in text and "RUNFLEET_TENANT" in text
+
+        for args in (
+            ("dlq", "show", str(parked.record_id)),
+            ("dlq", "purge", str(parked.record_id), "--yes"),
+        ):
+            refused = fleet.cli(*args, env=bravo)
+            assert refused.returncode == 3, (args, refused.stdout, refused.stderr)
+            assert "error [record_not_found]" in refused.stderr
+            assert "for tenant bravo" in refused.stderr and "RUNFLEET_TENANT" in refused.stderr
+        replayed = fleet.cli("dlq", "replay", "--all", "--json", env=bravo)
+        assert parked.record_id not in {r["id"] for r in json.loads(replayed.stdout)["results"]}
+
+        assert parked.record_id in record_ids(fleet)  # the default tenant's, untouched
+        assert fleet.status(parked.run_id)["failure_code"] == "DLQ_PARKED"
+    finally:
+        purge(fleet, *(record_ids(fleet) & {parked.record_id}))
