@@ -27,17 +27,6 @@ class LeaseTiming:
     skew: timedelta = timedelta(seconds=2)
     loss_margin: timedelta = timedelta(seconds=5)
 
-    def check(self) -> None:
-        """The relations of SPEC §12, refused at start with a clear error."""
-        if self.interval * 3 > self.ttl:
-            raise ValueError(
-                f"RUNFLEET_LEASE_INTERVAL ({self.interval}) must be <= TTL/3 ({self.ttl / 3})"
-            )
-        if self.loss_margin > self.ttl - 2 * self.interval:
-            raise ValueError(
-                f"RUNFLEET_LEASE_LOSS_MARGIN ({self.loss_margin}) must be <= TTL - 2 x interval"
-            )
-
 
 Beat = Callable[[], Awaitable[None]]
 

@@ -28,6 +28,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from engine.failures import FailureCode
 from engine.loader import LoadedWorkflow
 from engine.resume import ResumeRequest, judge_resume
 from engine.vars import resolve_vars
@@ -286,7 +287,7 @@ class Publisher:
                 Update(
                     set={
                         "status": RunStatus.FAILED,
-                        "failure_code": "LAUNCH_FAILED",
+                        "failure_code": FailureCode.LAUNCH_FAILED.value,
                         "error": exc.message,
                     }
                 ),
@@ -299,7 +300,7 @@ class Publisher:
             await self.store.append_event(
                 doc.run_id,
                 "run_failed",
-                {"code": "LAUNCH_FAILED", "error": exc.message},
+                {"code": FailureCode.LAUNCH_FAILED.value, "error": exc.message},
                 attempt=1,
             )
             raise

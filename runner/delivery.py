@@ -289,9 +289,10 @@ async def _execute(
     svc: RunnerServices, delivery: Delivery, message: RunMessage, run: RunDocument, path: str
 ) -> None:
     """Everything from the claim's winning CAS to the disposition is under the held lease
-    (SPEC v2.2 §5.1): whatever raises here — building the execution, `stop_others`, the
-    claim's events, the engine — is the outcome `failed_resumable INTERNAL_ERROR`, disposed of
-    like any transient code, with teardown and release still attempted (`dispose_outcome`)."""
+    (SPEC v2.2 §5.1): whatever raises once `delivery.leased` is set — `stop_others`, the
+    claim's events, loading the stored source, the engine — is the outcome `failed_resumable
+    INTERNAL_ERROR`, disposed of like any transient code, with teardown and release still
+    attempted (`dispose_outcome`). What comes before it only builds objects, and cannot fail."""
     assert run.lease is not None
     cancel = CancelSignal()
     events = EventLog(

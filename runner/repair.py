@@ -1,11 +1,13 @@
 """Repairing a settled run's missing status event (SPEC §2: projections are "repaired by
 re-running the action that wrote them").
 
-The disposition writes a status first and its event after (SPEC §5.4); a runner killed between
-the two leaves a run `finished` with no `run_finished`. Its redelivery is acked as settled at
-admission, which is where the event is put back — only while no execution holds the lease
-(release follows the events, so a free lease means the writer finished or died), only when an
-execution of that attempt was claimed, and only when no event of that kind exists for it.
+On SQLite a status and its event are one write (ADR-0014), so this never finds anything to do
+there; on MongoDB the document write comes first and its events after (`insert_many`), and a
+runner killed between the two leaves a run `finished` with no `run_finished`. Its redelivery
+is acked as settled at admission, which is where the event is put back — only while no
+execution holds the lease (release follows the events, so a free lease means the writer
+finished or died), only when an execution of that attempt was claimed, and only when no event
+of that kind exists for it.
 """
 
 from __future__ import annotations
