@@ -1,6 +1,7 @@
 """Running one node (SPEC §6.1, §6.6): its in-process retries, the race against the cancel
 signal, the node kinds, and where an oversized output goes. A mixin of `Execution`, kept apart
-so the walk in `execution.py` reads in one screen; it reads only what `NodeRunsHost` names.
+so the walk in `execution.py` reads in one screen; it reads only what the attributes and stubs
+at the top of `NodeRuns` name, which `Execution` provides (the stubs are never called).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class BudgetSpent:
 
 
 class NodeRuns:
+    """What `Execution` gives this mixin, then running one node. The `NotImplementedError`
+    stubs are the host's members, declared for the type checker: `Execution` defines each."""
+
     run_id: str
     run_doc: RunDocument
     checkpoint: Checkpoint

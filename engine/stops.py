@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class RunStops:
+    """A mixin of `Execution`: where a run stops short of its end. The `NotImplementedError`
+    stubs are the host's members, declared for the type checker: `Execution` defines each."""
+
     store: RunStore
     run_doc: RunDocument
     run_id: str

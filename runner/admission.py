@@ -117,6 +117,14 @@ def effective_budget_usage(run: RunDocument, path: ClaimPath) -> str | None:
     return exceeded(budget, run.checkpoint.usage)
 
 
+def is_settled(run: RunDocument) -> bool:
+    """Nothing is left to do at the run's attempt (§5.2 step 4): a final status, a pause, or a
+    failure no delivery retries by itself. The backstop judges a dead message by it too."""
+    return run.status in SETTLED or (
+        run.status is RunStatus.FAILED_RESUMABLE and not is_auto_resumable(run.failure_code)
+    )
+
+
 def judge(
     message: RunMessage,
     run: RunDocument,
@@ -130,9 +138,7 @@ def judge(
     if message.attempt > run.attempt:
         return Nak(timing.lagging_delay.total_seconds(), "lagging_read")
     # Step 4: nothing to do at this attempt.
-    if run.status in SETTLED or (
-        run.status is RunStatus.FAILED_RESUMABLE and not is_auto_resumable(run.failure_code)
-    ):
+    if is_settled(run):
         return Ack("settled")
     # Step 5: the lease is held by another execution.
     if not lease_is_free(run, now, timing.skew):

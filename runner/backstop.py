@@ -22,10 +22,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from engine.failures import FailureCode, is_auto_resumable
+from engine.failures import FailureCode
 from publisher.errors import MalformedMessage, RecordNotFound, UnsupportedSchema
 from publisher.wire import RunMessage, decode
-from runner.admission import SETTLED
+from runner.admission import is_settled
 from runner.services import RunnerServices
 from store import (
     CasConflict,
@@ -206,7 +206,7 @@ class Backstop:
             await self._record(seq, body, headers, message, "tenant_mismatch", detail, False)
             await self._delete(seq)
             return "tenant_mismatch", None
-        if message.attempt < run.attempt or (message.attempt == run.attempt and self._settled(run)):
+        if message.attempt < run.attempt or (message.attempt == run.attempt and is_settled(run)):
             if (
                 message.attempt == run.attempt
                 and run.failure_code == FailureCode.DLQ_PARKED
@@ -327,12 +327,6 @@ class Backstop:
             if e.type == "run_dlq_parked" and e.attempt == run.attempt:
                 return True
         return False
-
-    @staticmethod
-    def _settled(run: RunDocument) -> bool:
-        return run.status in SETTLED or (
-            run.status is RunStatus.FAILED_RESUMABLE and not is_auto_resumable(run.failure_code)
-        )
 
     async def _has_record(self, seq: int) -> bool:
         try:

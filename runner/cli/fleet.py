@@ -105,7 +105,7 @@ async def up_cmd(
       runfleet up --runners 4 --slots 16
     """
     from runner.config import RunnerSettings
-    from runner.embedded import hold_data_dir
+    from runner.data_lock import hold_data_dir
     from store.config import StoreSettings
 
     slots = slots or RunnerSettings().slots

@@ -308,7 +308,7 @@ async def serve(
     `started` is told the URL once the socket listens; `BindFailed` if it cannot listen."""
     async with open_env(client="runfleet-console") as env:
         tokens = TokenSource.from_env(env.tenant)
-        if not len(tokens.book()):
+        if not len(tokens.book()) and runners is None:  # `up` says it in its own words
             log.warning(
                 "no RUNFLEET_API_TOKENS or RUNFLEET_CONSOLE_TOKEN: every request is refused"
             )
