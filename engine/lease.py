@@ -41,6 +41,7 @@ class LeaseKeeper:
         timing: LeaseTiming,
         cancel: CancelSignal,
         on_beat: Beat | None = None,
+        on_trouble: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -49,6 +50,9 @@ class LeaseKeeper:
         self.timing = timing
         self.cancel = cancel
         self.on_beat = on_beat
+        self.on_trouble = on_trouble
+        """Told `failed` for each refresh try that failed, `lost` when the lease is lost: the
+        runner counts them (only successes were counted, an autoscaling walkthrough)."""
         self.refreshes = 0
         self.last_refresh_s = 0.0
         self._stop = asyncio.Event()
@@ -136,8 +140,10 @@ class LeaseKeeper:
                     timeout=min(left, self.timing.interval.total_seconds()) or 0.001,
                 )
             except (StoreError, TimeoutError) as exc:
+                self._trouble("failed")
                 if utcnow() >= deadline:
                     log.error("run %s: lease lost, refreshes failed until the margin", self.run_id)
+                    self._trouble("lost")
                     self.cancel.cancel(CancelReason.LEASE_LOST)
                     return False
                 log.warning("run %s: lease refresh failed (%r); retrying", self.run_id, exc)
@@ -150,6 +156,7 @@ class LeaseKeeper:
                 if self._stop.is_set():  # the holder let go meanwhile (a folded release)
                     return False
                 log.error("run %s: lease %s taken over", self.run_id, self.token)
+                self._trouble("lost")
                 self.cancel.cancel(CancelReason.LEASE_LOST)
                 return False
             self.expires_at = new_expiry
@@ -158,6 +165,10 @@ class LeaseKeeper:
             if result.cancel_requested:
                 self.cancel.cancel(CancelReason.OPERATOR)
             return True
+
+    def _trouble(self, outcome: str) -> None:
+        if self.on_trouble is not None:
+            self.on_trouble(outcome)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 INITIAL_CONNECT_ATTEMPTS = 3
 PING_INTERVAL_S = 5
 MAX_OUTSTANDING_PINGS = 3
+DRAIN_TIMEOUT_S = 5
+"""`nc.drain()`'s bound (nats-py's default is 30 s): a runner drains after every delivery is
+disposed of, so only the flush is left; the pod's grace period counts on it."""
 STALE_AFTER_S = float(PING_INTERVAL_S * (MAX_OUTSTANDING_PINGS + 1))
 """How long a client stays on a server that hangs (alive, sockets open, answering nothing)
 before it gives it up and reconnects to another: at most this many seconds after its last
@@ -48,6 +51,7 @@ async def connect(
         "allow_reconnect": True,
         "ping_interval": PING_INTERVAL_S,
         "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+        "drain_timeout": DRAIN_TIMEOUT_S,
         "error_cb": _log_error,
     }
     nc = Client()

@@ -263,6 +263,8 @@ async def _admit(
         svc.metrics.child(svc.metrics.claims, decision.path, "lost").inc()
         return "again"
     svc.metrics.child(svc.metrics.claims, decision.path, "won").inc()
+    if run.failure_code == FailureCode.RUNNER_INTERRUPTED:  # a drained runner's handoff
+        svc.metrics.handoffs_taken.inc()
     await svc.delivery_log.disposed(delivery, "claim", decision.path, counted=False)
     svc.metrics.queue_wait.observe(max((now - message.published_at).total_seconds(), 0.0))
     return _Claimed(claimed, decision.path)

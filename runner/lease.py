@@ -41,14 +41,19 @@ class HeldLease:
             svc.lease,
             cancel,
             on_beat=self._beat,
+            on_trouble=self._trouble,
         )
         self._task: asyncio.Task[None] | None = None
 
     async def _beat(self) -> None:
         self.svc.metrics.lease_refresh_latency.observe(self.keeper.last_refresh_s)
-        self.svc.metrics.lease_refreshes.labels(outcome="ok").inc()
+        self.svc.metrics.child(self.svc.metrics.lease_refreshes, "ok").inc()
         self._last_beat = time.monotonic()
         await self.delivery.in_progress()
+
+    def _trouble(self, outcome: str) -> None:
+        """A refresh try that failed (`failed`), or the lease lost (`lost`)."""
+        self.svc.metrics.child(self.svc.metrics.lease_refreshes, outcome).inc()
 
     async def __aenter__(self) -> HeldLease:
         if not self.keeper.held_at_start():

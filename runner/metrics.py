@@ -80,13 +80,16 @@ class RunnerMetrics:
             "runfleet_claims", "Claims by path and outcome", ["path", "outcome"], registry=r
         )
         self.lease_refreshes = Counter(
-            "runfleet_lease_refreshes", "Lease refresh beats", ["outcome"], registry=r
+            "runfleet_lease_refreshes",
+            "Lease refresh beats (ok), refresh tries that failed (failed), leases lost (lost)",
+            ["outcome"],
+            registry=r,
         )
         self.lease_refresh_latency = Histogram(
             "runfleet_lease_refresh_seconds",
             "Lease refresh latency",
             registry=r,
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
         )
         self.inflight = Gauge("runfleet_inflight_runs", "Executions in flight", registry=r)
         self.free_slots = Gauge("runfleet_free_slots", "Free delivery slots", registry=r)
@@ -98,7 +101,21 @@ class RunnerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
         )
         self.ack_pending = Gauge(
-            "runfleet_num_ack_pending", "Consumer num_ack_pending (last read)", registry=r
+            "runfleet_num_ack_pending",
+            "Consumer num_ack_pending, read every few seconds (the consumer's, the same on"
+            " every runner: graph max(), not sum())",
+            registry=r,
+        )
+        self.num_pending = Gauge(
+            "runfleet_num_pending",
+            "Consumer num_pending: messages not yet delivered (the backlog an autoscaler"
+            " reads; the same on every runner: graph max())",
+            registry=r,
+        )
+        self.handoffs_taken = Counter(
+            "runfleet_handoffs_taken",
+            "Runs another runner handed off (a drain) claimed here: what a scale-down costs",
+            registry=r,
         )
         self.queue_wait = Histogram(
             "runfleet_queue_wait_seconds",
@@ -111,7 +128,7 @@ class RunnerMetrics:
             "Claim to disposal, by status written",
             ["status"],
             registry=r,
-            buckets=(0.01, 0.1, 1, 10, 60, 600, 3600),
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
         )
         self.dlq_records = Counter(
             "runfleet_dlq_records", "DLQ records written, by reason", ["reason"], registry=r
@@ -121,7 +138,10 @@ class RunnerMetrics:
         )
         self.scratch_bank_bytes = Counter("runfleet_scratch_bank_bytes", "Bytes banked", registry=r)
         self.scratch_bank_seconds = Histogram(
-            "runfleet_scratch_bank_seconds", "Scratch bank duration", registry=r
+            "runfleet_scratch_bank_seconds",
+            "Scratch bank duration",
+            registry=r,
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 240),  # the bank budget is 4 min
         )
 
     def on_event(self, event: Event | EventDraft) -> None:

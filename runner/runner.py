@@ -254,6 +254,10 @@ class Runner:
         gather = self.settings.fetch_gather.total_seconds()
         while not self._stop_fetching.is_set():
             self.last_progress = time.monotonic()
+            if time.monotonic() - self._ack_pending_read > 5.0:
+                # Here, not after a fetch: a runner whose slots stay full fetches nothing, and
+                # its gauges held a stale read (an autoscaling walkthrough).
+                await self._read_ack_pending()
             free = self.settings.slots - self.inflight
             self.metrics.free_slots.set(free)
             if free <= 0:
@@ -279,11 +283,10 @@ class Runner:
             wait = gather_wait(len(msgs), free, gather)
             if wait:
                 await asyncio.sleep(wait)
-            if time.monotonic() - self._ack_pending_read > 5.0:
-                await self._read_ack_pending()
 
     async def _read_ack_pending(self) -> None:
-        """`num_ack_pending` for the metrics (a cheap consumer-info read every few seconds)."""
+        """`num_ack_pending` and `num_pending` for the metrics (a cheap consumer-info read every
+        few seconds)."""
         self._ack_pending_read = time.monotonic()
         assert self.svc is not None
         try:
@@ -291,6 +294,7 @@ class Runner:
         except (nats.errors.Error, TimeoutError):
             return
         self.metrics.ack_pending.set(info.num_ack_pending or 0)
+        self.metrics.num_pending.set(info.num_pending or 0)
 
     def _dispatch(self, msg: Msg) -> None:
         assert self.svc is not None and self._tasks is not None

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -323,3 +323,49 @@ async def test_node_finished_never_lands_without_the_checkpoint_that_completes_i
     assert released.checkpoint == boundary
     said = [e.type for e in await events(run.run_id)]
     assert said.count("node_finished") == 1 and said[-1] == "node_finished"
+
+
+class _RefusingStore:
+    """The store, but every write fails as an outage does."""
+
+    def __init__(self, store: RunStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def update_run(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("the store went away (test)")
+
+
+async def test_a_keeper_reports_refresh_tries_that_failed_and_the_lease_it_lost(
+    store: RunStore, load: Load, claim: Claim, fast_lease: EngineSettings
+) -> None:
+    """Only successful refreshes were counted (`runfleet_lease_refreshes_total{outcome}` had
+    only `ok`; an autoscaling walkthrough): a try that fails is `failed`, a lease lost to
+    failures or taken over is `lost`."""
+    for refusing in (True, False):
+        run, token = await claim(load("gate"), settings=fast_lease)
+        assert run.lease is not None
+        said: list[str] = []
+        keeper = LeaseKeeper(
+            cast(RunStore, _RefusingStore(store)) if refusing else store,
+            run.run_id,
+            token,
+            run.lease.expires_at,
+            fast_lease.lease_timing(),
+            CancelSignal(),
+            on_trouble=said.append,
+        )
+        if not refusing:
+            await steal(store, run, token)
+        task = asyncio.ensure_future(keeper.run())
+        try:
+            await asyncio.wait_for(task, DEADLINE_S)  # it ends once the lease is lost
+        finally:
+            keeper.stop()
+            task.cancel()
+        if refusing:
+            assert said[-1] == "lost" and said.count("failed") >= 1, said
+        else:
+            assert said == ["lost"]

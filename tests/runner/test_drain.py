@@ -99,6 +99,9 @@ async def test_sigterm_during_a_long_node_hands_off_as_a_new_attempt_and_a_secon
     assert claims == [(1, "fresh"), (2, "auto_retry")]
     assert ledger(book) == {"one": 1, "two": 2, "three": 1}
     assert sample(b, "runfleet_claims_total", path="auto_retry", outcome="won") == 1
+    # What the scale-down cost, counted where it can be scraped: on the runner that took it
+    # (the drained one's counters lived under a second; an autoscaling walkthrough).
+    assert sample(b, "runfleet_handoffs_taken_total") == 1
     assert await fleet.queue_drained()
     problems = []
     if before_b.delivered.stream_seq >= new_seq or before_b.num_ack_pending:
