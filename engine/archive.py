@@ -25,6 +25,7 @@ Both take a `cap_bytes` on the *compressed* archive: that is what is stored and 
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -33,6 +34,7 @@ import struct
 import tarfile
 import zlib
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -69,6 +71,24 @@ class ArchiveOverCap(ArchiveError, code="archive_over_cap"):
         super().__init__(f"archive reached {written} bytes, over its cap of {cap_bytes} bytes")
 
 
+class ArchiveOverBound(ArchiveError, code="archive_over_bound"):
+    """The plain tar grew past its bound (`RUNFLEET_SCRATCH_MAX_UNCOMPRESSED`) while being made:
+    a sparse or zero-filled file compresses ~200:1, so the compressed cap alone let a bank read
+    tens of GiB first (found by a review of hostile scratches)."""
+
+    def __init__(self, plain: int, bound: int) -> None:
+        self.plain = plain
+        self.bound = bound
+        super().__init__(f"the scratch's plain tar reached {plain} bytes, over its bound {bound}")
+
+
+class ArchiveStopped(ArchiveError, code="archive_stopped"):
+    """Making the archive was stopped: its time ran out, or its caller gave up. A thread cannot
+    be cancelled, so the writer looks at its stop between chunks and members; before, a bank
+    past its budget went on reading in its thread for minutes, holding a worker and the CPU
+    while every other run on the runner stalled (found by a review of hostile scratches)."""
+
+
 class ArchiveRefused(ArchiveError, code="archive_refused"):
     """An archive that is not opened: not gzip, not a tar, over the cap, or a member that could
     land outside its destination (absolute, `..`, a link out) or is a device. `member` names the
@@ -101,10 +121,19 @@ class _GzipPipe:
     Python's `gzip` open, byte for byte as if one compressor had made it. The cap is enforced
     on the compressed bytes as they are written."""
 
-    def __init__(self, raw: BinaryIO, level: int, cap_bytes: int | None) -> None:
+    def __init__(
+        self,
+        raw: BinaryIO,
+        level: int,
+        cap_bytes: int | None,
+        plain_bound: int | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
         self.raw = raw
         self.level = level
         self.cap_bytes = cap_bytes
+        self.plain_bound = plain_bound
+        self.stopped = stop or (lambda: False)
         self.written = 0
         self.buf = bytearray()
         self._crc = 0
@@ -134,6 +163,10 @@ class _GzipPipe:
             return
         self._crc = zlib.crc32(chunk, self._crc)
         self.size += len(chunk)
+        if self.plain_bound is not None and self.size > self.plain_bound:
+            raise ArchiveOverBound(self.size, self.plain_bound)
+        if self.stopped():
+            raise ArchiveStopped("the archive was stopped: its time ran out")
         self._pending.append(self._pool.submit(self._deflate, chunk, self._zdict))
         self._zdict = bytes(chunk[-32768:])
         while len(self._pending) > 2 * _WORKERS:
@@ -226,18 +259,26 @@ def _add_file(pipe: _GzipPipe, path: str, arcname: str, before: os.stat_result) 
 
 
 def make_archive(
-    src_dir: Path, dest: Path, *, level: int, cap_bytes: int | None = None
+    src_dir: Path,
+    dest: Path,
+    *,
+    level: int,
+    cap_bytes: int | None = None,
+    max_plain_bytes: int | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> ArchiveStats:
     """Writes `src_dir` as a gzip tar (at gzip `level`) to the file `dest`, members relative to
     `src_dir`, in sorted order. Regular files, directories and symlinks (not followed) are
     archived; devices, fifos and sockets are skipped. Raises `ArchiveOverCap` as soon as the
-    compressed output passes `cap_bytes` (and removes `dest`). Blocking: run it in a thread."""
+    compressed output passes `cap_bytes`, `ArchiveOverBound` as soon as the plain tar passes
+    `max_plain_bytes`, and `ArchiveStopped` once `stop()` says so (looked at every MiB of tar
+    and every member), removing `dest`. Blocking: run it in a thread."""
     if not 0 <= level <= 9:
         raise ValueError(f"gzip level must be 0..9, not {level}")
     stats = ArchiveStats(bytes=0, members=0)
     try:
         with open(dest, "wb", buffering=0) as raw:
-            pipe = _GzipPipe(raw, level, cap_bytes)
+            pipe = _GzipPipe(raw, level, cap_bytes, max_plain_bytes, stop)
             try:
                 if src_dir.is_dir():  # a scratch never made is an empty one, as with `os.walk`
                     _walk(pipe, os.fspath(src_dir), "", stats)
@@ -280,12 +321,24 @@ def _walk(pipe: _GzipPipe, directory: str, prefix: str, stats: ArchiveStats) -> 
             except FileNotFoundError:
                 stats.raced.append(arcname)
                 continue
+            refused = _link_refusal(arcname, link)
+            if refused is not None:
+                # What a restore refuses is not banked as if it would restore (found by a
+                # review: a venv's absolute `bin/python3` link banked "fine", then every resume
+                # was refused SCRATCH_NOT_PORTABLE). The bank records it unbankable, named.
+                raise ArchiveRefused(
+                    f"{refused} ({link}), which a restore refuses: make the link relative and"
+                    " inside the scratch, or keep it out of the scratch",
+                    member=arcname,
+                )
             pipe.buf += _header(arcname, st, tarfile.SYMTYPE, link=link)
         else:
             continue
         stats.members += 1
         if len(pipe.buf) >= _CHUNK:
             pipe.ship()
+        elif pipe.stopped():  # many small members make few chunks: look here too
+            raise ArchiveStopped("the archive was stopped: its time ran out")
     for entry in subdirs:
         try:
             _walk(pipe, entry.path, prefix + entry.name + "/", stats)
@@ -302,16 +355,28 @@ def _refusal(member: tarfile.TarInfo) -> str | None:
         return "path with '..'"
     if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
         return "device, fifo or other special file"
-    if member.issym() or member.islnk():
-        target = PurePosixPath(member.linkname)
-        if target.is_absolute():
-            return "link to an absolute path"
-        joined = (name.parent / target) if member.issym() else target
-        depth = 0
-        for part in joined.parts:
-            depth += -1 if part == ".." else 0 if part in ("", ".") else 1
-            if depth < 0:
-                return "link out of the destination"
+    if member.issym():
+        return _link_refusal(member.name, member.linkname)
+    if member.islnk():
+        return _target_refusal(PurePosixPath(member.linkname))
+    return None
+
+
+def _link_refusal(name: str, link: str) -> str | None:
+    """Why a symlink `name` → `link` may not be in an archive (the bank and the restore ask
+    the same question)."""
+    target = PurePosixPath(link)
+    if target.is_absolute():
+        return "link to an absolute path"
+    return _target_refusal(PurePosixPath(name).parent / target)
+
+
+def _target_refusal(joined: PurePosixPath) -> str | None:
+    depth = 0
+    for part in joined.parts:
+        depth += -1 if part == ".." else 0 if part in ("", ".") else 1
+        if depth < 0:
+            return "link out of the destination"
     return None
 
 
@@ -373,14 +438,18 @@ class _VerifiedGunzip(io.RawIOBase):
         return b""
 
 
-def check_archive(archive: Path, *, cap_bytes: int | None = None) -> None:
+def check_archive(
+    archive: Path, *, cap_bytes: int | None = None, max_plain_bytes: int | None = None
+) -> None:
     """Checks, on the host and without extracting, that `archive` is a gzip tar within the cap
     whose every member would land inside its destination; `ArchiveRefused` otherwise.
 
     The whole stream is read, in constant memory: a gzip trailer (CRC-32, length) that is cut
     off or disagrees with the data is corruption, and so is a tar that stops before its end (a
     bad header after the first one ends `tarfile`'s walk quietly; here only zero blocks may
-    follow the last member)."""
+    follow the last member). With `max_plain_bytes`, a tar whose plain bytes pass it is refused
+    before anything is written: a bank of sparse or zero-filled files is small and would fill
+    the restoring runner's disk (found by a review of hostile scratches)."""
     try:
         size = archive.stat().st_size
         with open(archive, "rb") as f:
@@ -399,9 +468,10 @@ def check_archive(archive: Path, *, cap_bytes: int | None = None) -> None:
                     reason = _refusal(member)
                     if reason is not None:
                         raise ArchiveRefused(reason, member=member.name)
+                    _within(member.offset_data + member.size, max_plain_bytes)  # its end
                 stop = tar.offset
             while stream.read(_CHUNK):  # to the last trailer
-                pass
+                _within(stream.size, max_plain_bytes)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise ArchiveRefused(f"not a readable gzip tar: {exc}") from exc
     if not stream.nonzero_end <= stop <= stream.size:
@@ -411,17 +481,46 @@ def check_archive(archive: Path, *, cap_bytes: int | None = None) -> None:
         )
 
 
-def safe_extract(archive: Path, dest_dir: Path, *, cap_bytes: int | None = None) -> int:
+_DETERMINISTIC = frozenset(
+    {errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL}
+)
+"""Errors a member meets on every try (a crafted archive: a file where a link was made): the
+archive is refused, the run held, not retried as transient (found by a review)."""
+
+
+def _within(plain: int, bound: int | None) -> None:
+    if bound is not None and plain > bound:
+        raise ArchiveRefused(
+            f"its plain tar holds over {bound} bytes (RUNFLEET_SCRATCH_MAX_UNCOMPRESSED)"
+        )
+
+
+def safe_extract(
+    archive: Path,
+    dest_dir: Path,
+    *,
+    cap_bytes: int | None = None,
+    max_plain_bytes: int | None = None,
+) -> int:
     """Checks `archive` (`check_archive`), then extracts it into `dest_dir` (created) with the
     `data` filter as a second fence; returns the bytes of the regular files written.
-    `ArchiveRefused` for anything `check_archive` refuses or the filter stops. Blocking."""
-    check_archive(archive, cap_bytes=cap_bytes)
+    `ArchiveRefused` for anything `check_archive` refuses or the filter stops, and for a member
+    that cannot be written where the check put it (a path that turns out taken, a name the
+    filesystem refuses): the same archive fails the same way on every try. Blocking."""
+    check_archive(archive, cap_bytes=cap_bytes, max_plain_bytes=max_plain_bytes)
     dest_dir.mkdir(parents=True, exist_ok=True)
     total = 0
     try:
         with tarfile.open(archive, mode="r:gz") as tar:
             for member in tar:
-                tar.extract(member, dest_dir, filter="data")
+                try:
+                    tar.extract(member, dest_dir, filter="data")
+                except OSError as exc:
+                    if exc.errno not in _DETERMINISTIC:
+                        raise  # the disk (full, gone): worth another try
+                    raise ArchiveRefused(
+                        f"cannot be written: {exc.strerror}", member=member.name
+                    ) from exc
                 if member.isreg():
                     total += member.size
     except tarfile.FilterError as exc:

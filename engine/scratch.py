@@ -20,6 +20,7 @@ import logging
 import shutil
 import tarfile
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -36,7 +37,13 @@ from tenacity import (
     wait_exponential,
 )
 
-from engine.archive import ArchiveOverCap, ArchiveRefused, check_archive, make_archive
+from engine.archive import (
+    ArchiveOverBound,
+    ArchiveOverCap,
+    ArchiveRefused,
+    check_archive,
+    make_archive,
+)
 from engine.config import UNCOMPRESSED_PER_CAP
 from engine.events import EventLog
 from engine.failures import FailureCode
@@ -337,6 +344,15 @@ class ScratchBank:
                 result = BankOutcome("unbankable", bytes=exc.received, reason=reason)
                 result.unquiesced = unquiesced
                 await self._record_quietly(result, progress)
+            except ArchiveOverBound as exc:
+                reason = f"over the cap: {exc}; the bound is RUNFLEET_SCRATCH_MAX_UNCOMPRESSED"
+                result = BankOutcome("unbankable", bytes=exc.plain, reason=reason)
+                result.unquiesced = unquiesced
+                await self._record_quietly(result, progress)
+            except ArchiveRefused as exc:  # a member no restore would take: said, named
+                result = BankOutcome("unbankable", reason=f"not bankable: {exc.message}"[:500])
+                result.unquiesced = unquiesced
+                await self._record_quietly(result, progress)
             except Exception as exc:  # noqa: BLE001 - the budget is spent: say so, record it
                 if recorded < 0:
                     read = result.state != "unknown" or isinstance(exc, _NoBlobStore)
@@ -399,12 +415,30 @@ class ScratchBank:
                     len(skipped),
                     ", ".join(skipped[:10]) + (", ..." if len(skipped) > 10 else ""),
                 )
-        for _ in range(RACE_RETRIES + 1):
-            stats = await asyncio.to_thread(
-                make_archive, source, archive, level=BANK_GZIP_LEVEL, cap_bytes=self.cap_bytes
-            )
-            if not stats.raced or time.monotonic() >= deadline:
-                break
+        # The tar runs in a thread, which a cancel cannot stop: it looks at `stop` between
+        # chunks, set when its time is up (a margin before the budget, so the record and its
+        # event still land) or when this task is cancelled.
+        stop = threading.Event()
+        until = deadline - min(5.0, 0.1 * self.budget_s)
+
+        def stopped() -> bool:
+            return stop.is_set() or time.monotonic() >= until
+
+        try:
+            for _ in range(RACE_RETRIES + 1):
+                stats = await asyncio.to_thread(
+                    make_archive,
+                    source,
+                    archive,
+                    level=BANK_GZIP_LEVEL,
+                    cap_bytes=self.cap_bytes,
+                    max_plain_bytes=self.max_uncompressed_bytes,
+                    stop=stopped,
+                )
+                if not stats.raced or time.monotonic() >= deadline:
+                    break
+        finally:
+            stop.set()
         if stats.empty:
             return BankOutcome("empty")
         if self.blobs is None:
@@ -456,7 +490,12 @@ class ScratchBank:
                 if self.blobs is None:
                     raise BlobNotFound(f"no blob store holds {rec.key}")
                 await self.blobs.get_to_file(rec.key, archive)
-                await asyncio.to_thread(check_archive, archive, cap_bytes=self.cap_bytes)
+                await asyncio.to_thread(
+                    check_archive,
+                    archive,
+                    cap_bytes=self.cap_bytes,
+                    max_plain_bytes=self.max_uncompressed_bytes,
+                )
                 restored = await self._extract(sandbox, archive, tmp, host_dir)
             except BlobNotFound as exc:
                 failed = Failed(FailureCode.SCRATCH_NOT_PORTABLE, f"the bank is gone: {exc}")
@@ -483,7 +522,11 @@ class ScratchBank:
         if host_dir:
             await asyncio.to_thread(_empty_dir, self.host_scratch)
             return await asyncio.to_thread(
-                safe_extract, archive, self.host_scratch, cap_bytes=self.cap_bytes
+                safe_extract,
+                archive,
+                self.host_scratch,
+                cap_bytes=self.cap_bytes,
+                max_plain_bytes=self.max_uncompressed_bytes,
             )
         plain = tmp / "bank.tar"
         await asyncio.to_thread(_gunzip, archive, plain)

@@ -45,6 +45,8 @@ its errors in its own `errors.py` (a few live beside the one module that raises 
     ├── LaunchFailed                            launch_failed
     ├── ArchiveError                            archive_error
     │   ├── ArchiveOverCap                      archive_over_cap
+    │   ├── ArchiveOverBound                    archive_over_bound
+    │   ├── ArchiveStopped                      archive_stopped
     │   └── ArchiveRefused                      archive_refused
     ├── NatsUnavailable                         nats_unavailable          (CLI exit code 4)
     │   ├── NatsTimeout                         nats_timeout

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from engine.archive import (
+    ArchiveOverBound,
     ArchiveOverCap,
     ArchiveRefused,
+    ArchiveStopped,
     check_archive,
     make_archive,
     safe_extract,
@@ -333,3 +335,71 @@ def test_a_gzip_padded_with_zeros_or_in_two_members_still_opens_whole(tmp_path: 
         dest = tmp_path / f"out-{name}"
         assert safe_extract(path, dest) == 5 * 2000
         assert _tree(dest) == _tree(src)
+
+
+def test_a_bank_looks_at_its_stop_and_its_plain_bound_as_it_reads(tmp_path: Path) -> None:
+    """A thread cannot be cancelled: a bank past its budget went on reading a 100 GiB sparse
+    file for minutes, stalling every run on the runner, and the compressed cap let it read
+    ~58 GiB first (a review of hostile scratches). The writer stops when told, and at the
+    plain bound; it leaves no file either way."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "sparse", "wb") as f:
+        f.truncate(64 * 1024 * 1024 * 1024)  # 64 GiB of holes: no disk, all zeros to read
+    out = tmp_path / "out.tgz"
+    asked = threading.Event()
+
+    def stop() -> bool:
+        asked.set()
+        return True
+
+    with pytest.raises(ArchiveStopped):
+        make_archive(src, out, level=1, stop=stop)
+    assert asked.is_set() and not out.exists()
+    with pytest.raises(ArchiveOverBound) as over:
+        make_archive(src, out, level=1, max_plain_bytes=8 * 1024 * 1024)
+    assert over.value.plain <= 8 * 1024 * 1024 + 2 * 1024 * 1024 and not out.exists()
+
+
+def test_a_bank_refuses_a_link_no_restore_would_take_naming_it(tmp_path: Path) -> None:
+    """A venv's `bin/python3 -> /usr/bin/python3` banked "fine", then every resume was refused
+    SCRATCH_NOT_PORTABLE (a review): the bank refuses it itself, naming the member."""
+    for name, link in (("v/bin/python3", "/usr/bin/python3"), ("up", "..")):
+        src = tmp_path / name.replace("/", "_") / "src"
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).symlink_to(link)
+        with pytest.raises(ArchiveRefused) as refused:
+            make_archive(src, tmp_path / "out.tgz", level=1)
+        assert refused.value.member == name and "a restore refuses" in refused.value.message
+    # A relative link inside the scratch banks and restores as before.
+    ok = tmp_path / "ok"
+    (ok / "a").mkdir(parents=True)
+    (ok / "a" / "f").write_text("x")
+    (ok / "link").symlink_to("a/f")
+    make_archive(ok, tmp_path / "ok.tgz", level=1)
+    safe_extract(tmp_path / "ok.tgz", tmp_path / "ok-dest")
+    assert os.readlink(tmp_path / "ok-dest" / "link") == "a/f"
+
+
+def test_a_restore_refuses_a_plain_tar_over_its_bound_before_writing(tmp_path: Path) -> None:
+    """A 2 GiB sparse file banks as ~9 MB and wrote 2.1 GB on the restoring runner (a review):
+    the restore reads the plain size first and refuses past the bound."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "zeros").write_bytes(bytes(4 * 1024 * 1024))
+    make_archive(src, tmp_path / "bank.tgz", level=1)
+    with pytest.raises(ArchiveRefused, match="RUNFLEET_SCRATCH_MAX_UNCOMPRESSED"):
+        safe_extract(tmp_path / "bank.tgz", tmp_path / "dest", max_plain_bytes=1024 * 1024)
+    assert not (tmp_path / "dest").exists()
+    assert safe_extract(tmp_path / "bank.tgz", tmp_path / "dest2", max_plain_bytes=8 << 20)
+
+
+def test_a_member_that_cannot_be_written_where_it_was_checked_is_refused_not_retried(
+    tmp_path: Path,
+) -> None:
+    """A link `d -> sub`, then a file `d/f`: the check passes, the write meets EEXIST on every
+    try, and was retried as a transient read failure into the DLQ (a review). Refused."""
+    archive = _evil(tmp_path, _member("d", kind=tarfile.SYMTYPE, link="sub"), _member("d/f"))
+    with pytest.raises(ArchiveRefused, match="cannot be written") as refused:
+        safe_extract(archive, tmp_path / "dest")
+    assert refused.value.member == "d/f"

@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import sys
 import tarfile
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from engine.config import EngineSettings
 from engine.events import EventLog
 from engine.execution import Execution
 from engine.failures import FailureCode
+from engine.loader import load_workflow_file
 from engine.local import LocalEnv, claim_local, resume_local, run_local
 from engine.outcome import CancelReason, Interrupted, Paused
 from engine.refusals import ScratchNotPortable
@@ -640,3 +644,104 @@ async def test_a_corrupt_bank_parks_scratch_not_portable_on_either_restore_path(
     [(kind, data)] = said.said
     assert kind == "sandbox_scratch_restored" and data["restored"] is False
     assert data["reason"] == failed.error
+
+
+ABSOLUTE_LINK = """\
+name: venv_like
+entry: write
+nodes:
+  write:
+    kind: tool
+    run: >-
+      mkdir -p "$RUNFLEET_SCRATCH_DIR/v/bin" &&
+      ln -s /usr/bin/python3 "$RUNFLEET_SCRATCH_DIR/v/bin/python3" && echo written
+  ask:
+    kind: human
+    message: "go on?"
+    questions:
+      - name: wipe
+        type: bool
+edges:
+  - from: write
+    to: ask
+"""
+
+
+async def test_a_scratch_with_a_link_no_restore_takes_is_unbankable_naming_it(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    """A venv's absolute `bin/python3` link banked as `banked`, and every resume then failed
+    SCRATCH_NOT_PORTABLE "link to an absolute path" (a review of hostile scratches): the bank
+    refuses it itself — recorded unbankable, the member and the way out in its reason — and a
+    resume is refused at once, as for any scratch that could not be banked."""
+    path = tmp_path / "venv_like.yaml"
+    path.write_text(ABSOLUTE_LINK)
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await run_local(a, load_workflow_file(path), {})
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN, doc
+    assert doc.scratch is not None and doc.scratch.state == "unbankable"
+    [banked] = await events_of(mongo, doc.run_id, "sandbox_scratch_banked")
+    assert not banked.data["banked"]
+    assert "'v/bin/python3'" in banked.data["reason"], banked.data
+    assert "link to an absolute path" in banked.data["reason"]
+    assert await keys(blobs, doc.run_id) == []
+    with pytest.raises(ScratchNotPortable):  # the operator surfaces quote the event's reason
+        await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))
+
+
+SPARSE = """\
+name: sparse
+entry: write
+nodes:
+  write:
+    kind: tool
+    run: truncate -s 200G "$RUNFLEET_SCRATCH_DIR/sparse" && echo written
+  ask:
+    kind: human
+    message: "go on?"
+    questions:
+      - name: wipe
+        type: bool
+edges:
+  - from: write
+    to: ask
+"""
+
+
+def _archiving() -> bool:
+    """Some thread is inside `make_archive` now."""
+    return any(
+        "make_archive" in {f.f_code.co_name for f in _stack(frame)}
+        for frame in sys._current_frames().values()
+    )
+
+
+def _stack(frame: Any) -> Iterator[Any]:
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+async def test_a_bank_past_its_budget_stops_its_reading_thread(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path
+) -> None:
+    """A thread cannot be cancelled: a bank past its budget went on reading a sparse file in
+    its thread for minutes, and `runfleet run` took 4m48s to exit (a review of hostile
+    scratches). Its tar now looks at a stop, set when the budget is near or the bank is given
+    up on: once the run has paused, nothing is still reading the scratch."""
+    path = tmp_path / "sparse.yaml"
+    path.write_text(SPARSE)
+    big = 1 << 40  # neither the cap nor the plain bound stops it first: only the budget does
+    settings = EngineSettings(
+        scratch_bank_budget=timedelta(seconds=2), scratch_cap=big, scratch_max_uncompressed=big
+    )
+    a = host(mongo, blobs, tmp_path / "a", settings)
+    doc = await run_local(a, load_workflow_file(path), {})
+    assert doc.status is RunStatus.PAUSED_WAITING_HUMAN, doc
+
+    deadline = time.monotonic() + 10
+    while _archiving() and time.monotonic() < deadline:  # noqa: ASYNC110 - another thread
+        await asyncio.sleep(0.05)
+    assert not _archiving(), "a bank's tar is still reading after its budget"
+    [banked] = await events_of(mongo, doc.run_id, "sandbox_scratch_banked")
+    assert not banked.data["banked"] and "stopped" in banked.data["reason"], banked.data
