@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,9 +79,18 @@ def check_files(files: Mapping[str, Path], limits: AttachmentLimits, *, already:
         )
     for name, path in files.items():
         try:
-            size = Path(path).stat().st_size
+            st = Path(path).stat()
         except OSError as exc:
             raise AttachmentNameInvalid(f"attachment {name!r}: cannot read {path}: {exc}") from exc
+        if not stat.S_ISREG(st.st_mode):
+            # A device or a FIFO has no size to check and no end to read: `upload /dev/zero`
+            # hung for good (found by a review).
+            raise StagedUploadInvalid(
+                f"attachment {name!r}: {path} is not a regular file (a directory, a device or a"
+                " FIFO)",
+                remedy="attach a regular file (copy the data to one first)",
+            )
+        size = st.st_size
         if size > limits.max_bytes:
             raise AttachmentTooLarge(
                 f"attachment {name!r} ({path}) has {size} bytes, over "

@@ -53,6 +53,11 @@ def _problem(key: str) -> str | None:
     return None
 
 
+RESERVED_PREFIX = ".rf-tmp-"
+"""The filesystem blob store's temporary files start with it (`store.blobs_fs.TEMP_PREFIX`):
+a name given by a user never does, on any store (a file `.rf-tmp-a` was a 500 on one store
+and fine on another; found by a review)."""
+
 SEGMENT_MAX_BYTES = 255
 """The longest segment, in UTF-8 bytes: the file-name limit of the common filesystems (ext4,
 XFS, APFS), so a segment can always be a file (200 'é' are 200 characters but 400 bytes)."""
@@ -65,6 +70,20 @@ def validate_segment(segment: str, *, what: str) -> str:
         raise BlobKeyInvalid(
             f"{what} {segment!r} is invalid: it must be one non-empty path segment, "
             "without '/', '\\', NUL, and not '.' or '..'"
+        )
+    try:
+        segment.encode("utf-8")
+    except UnicodeEncodeError:
+        # A file name of bytes that are not UTF-8 (read with surrogateescape): no key holds
+        # it; an untyped validation error reached the user (found by a review).
+        raise BlobKeyInvalid(
+            f"{what} {segment.encode('utf-8', 'backslashreplace').decode()[:60]!r} is not"
+            " UTF-8: rename the file"
+        ) from None
+    if segment.startswith(RESERVED_PREFIX):
+        raise BlobKeyInvalid(
+            f"{what} {segment[:40]!r} starts with {RESERVED_PREFIX!r}, which the blob stores"
+            " keep for their own temporary files: rename the file"
         )
     if len(segment.encode("utf-8", "surrogatepass")) > SEGMENT_MAX_BYTES:
         raise BlobKeyInvalid(

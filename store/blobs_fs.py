@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from store.blobkeys import validate_key, validate_prefix
+from store.blobkeys import RESERVED_PREFIX, validate_key, validate_prefix
 from store.errors import BlobKeyInvalid, BlobNotFound, StoreError
 from store.protocols import BlobInfo
 from store.timeutil import from_ms
 
-TEMP_PREFIX = ".rf-tmp-"
+TEMP_PREFIX = RESERVED_PREFIX
 _COPY_CHUNK = 1024 * 1024
 _MKDIR_RETRIES = 5
 

@@ -284,7 +284,11 @@ def _plan(tenant: str, files: Mapping[str, Path]) -> list[tuple[str, str, Path]]
             validate_segment(name, what="attachment name")
             validate_segment(path.name, what="file name")
         except BlobKeyInvalid as exc:
-            raise StagedUploadInvalid(exc.message) from exc
+            raise StagedUploadInvalid(
+                exc.message,
+                remedy="name the attachment with letters, digits and '_', and the file with a"
+                " bare UTF-8 name (rename or copy the file)",
+            ) from exc
         if path.name in filenames:
             raise StagedUploadInvalid(
                 f"attachments {filenames[path.name]!r} and {name!r} have the same file name "

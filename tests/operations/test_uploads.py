@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -31,7 +32,7 @@ from store.blobs_fs import FilesystemBlobStore
 from store.blobs_s3 import S3BlobStore
 from store.config import StoreSettings
 from store.protocols import BlobStore
-from store.staging import StagedUploadInUse, StagedUploadNotFound, StagingStore
+from store.staging import StagedUploadInUse, StagedUploadInvalid, StagedUploadNotFound, StagingStore
 from tests.operations.conftest import ENGINE
 from tests.publisher.conftest import Nats, example, stream_messages
 from tests.support.s3server import S3Server, running_s3_server
@@ -184,6 +185,34 @@ async def test_an_over_limit_file_is_refused_at_staging_with_the_limit_named_and
 
     await _nothing_stored(env)
     assert await stream_messages(nats_conn.js, names) == []
+
+
+@STORES
+async def test_a_file_that_is_no_regular_file_or_whose_name_no_key_holds_is_refused_typed(
+    att_env: Env, tmp_path: Path
+) -> None:
+    """Found by a review: `upload /dev/zero` (or a FIFO) hung for good, its size read as 0; a
+    file name of bytes that are not UTF-8 was `error [internal]` (a pydantic dump); a name
+    starting `.rf-tmp-` was `blob_key_invalid` on file blobs (a 500 over HTTP) and fine on S3.
+    Each is `upload_invalid` with a remedy, on every store, before any byte moves."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    odd = {
+        "/dev/zero": Path("/dev/zero"),
+        "a FIFO": fifo,
+        "a directory": tmp_path,
+        "not UTF-8": _file(tmp_path, "bad\udcffname", b"x"),
+        "reserved": _file(tmp_path, ".rf-tmp-a", b"x"),
+    }
+    for what, path in odd.items():
+        with pytest.raises(StagedUploadInvalid) as refused:
+            await asyncio.wait_for(upload_ops.upload(att_env, path), 10)
+        said = (refused.value.message, refused.value.remedy or "")
+        if what in ("not UTF-8", "reserved"):
+            assert "rename" in said[1], (what, said)
+        else:
+            assert "not a regular file" in said[0] and "regular file" in said[1], (what, said)
+    await _nothing_stored(att_env)
 
 
 @STORES
