@@ -11,8 +11,8 @@ must put a DLQ record before the status on a last delivery.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import shutil
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -43,7 +43,7 @@ from engine.outcome import (
     Paused,
 )
 from engine.sandbox.protocols import Sandbox, SandboxDriver, SandboxSpec
-from engine.scratch import counts_for_bank, host_backed_of
+from engine.scratch import counts_for_bank, host_backed_of, remove_tree
 from engine.scratch_steps import mark_unbanked, restore_scratch, teardown_scratch
 from engine.stops import RunStops
 from engine.vars import resolve_vars
@@ -207,7 +207,8 @@ class Execution(RunStops, NodeRuns):
             await self._sandbox.stop()
             self._sandbox = None
         if self.workspace.exists():  # a compute-only run never made one: no thread hop
-            await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+            with contextlib.suppress(OSError):  # what is left, gc takes
+                await asyncio.to_thread(remove_tree, self.workspace)
         await self.attached.remove()
 
     # -- the walk ------------------------------------------------------------------------------

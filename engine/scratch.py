@@ -17,13 +17,16 @@ import contextlib
 import functools
 import gzip
 import logging
+import os
 import shutil
+import stat
+import sys
 import tarfile
 import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -214,9 +217,30 @@ def _host_temp() -> Iterator[Path]:
         yield Path(tmp)
 
 
+def remove_tree(path: Path) -> None:
+    """`shutil.rmtree`, through directories a node made read-only (a Go module cache, `chmod
+    -R a-w`): a runner that is not root could not empty such a scratch, and its restore was
+    retried as transient for good (found by a review). A directory refused is made writable
+    by its owner, then the removal tried again."""
+
+    def writable_then_again(func: Callable[..., object], name: str, exc: object) -> None:
+        parent = os.path.dirname(name)
+        for target in (parent, name):
+            with contextlib.suppress(OSError):
+                os.chmod(target, os.stat(target).st_mode | stat.S_IRWXU)
+        func(name)
+
+    if path.is_symlink() or not path.exists():
+        path.unlink(missing_ok=True)
+        return
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=writable_then_again)
+    else:
+        shutil.rmtree(path, onerror=writable_then_again)
+
+
 def _empty_dir(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)
+    remove_tree(path)
     path.mkdir(parents=True, exist_ok=True)
 
 

@@ -21,7 +21,7 @@ from engine.fencing import FencedWriter
 from engine.outcome import CancelReason, Failed, Finished, Interrupted, Outcome
 from engine.sandbox.errors import SandboxError
 from engine.sandbox.protocols import Sandbox, SandboxCapabilities, SandboxDriver
-from engine.scratch import ScratchBank, moved_past
+from engine.scratch import ScratchBank, moved_past, remove_tree
 from engine.workflow import Workflow
 from store import BlobStore, Checkpoint, RunDocument, ScratchRecord, utcnow
 
@@ -158,10 +158,7 @@ async def mark_unbanked(execution: Execution) -> None:
 
 
 def _fresh(execution: Execution) -> None:
-    import shutil
-
-    if execution.scratch.exists():
-        shutil.rmtree(execution.scratch)
+    remove_tree(execution.scratch)
 
 
 async def teardown_scratch(execution: Execution, outcome: Outcome | None) -> None:

@@ -13,14 +13,14 @@ remedy named a record that no longer existed (found by an operator walkthrough).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
-import shutil
 from collections.abc import Collection
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.scratch import sweep_orphan_banks
+from engine.scratch import remove_tree, sweep_orphan_banks
 from publisher.config import WireSettings
 from publisher.connection import connect
 from publisher.errors import RecordNotFound
@@ -155,7 +155,8 @@ def _remove_host_dirs(data_dir: Path, run_id: str) -> None:
     if not _SAFE_SEGMENT.fullmatch(run_id) or ".." in run_id:
         return
     for name in HOST_DIRS:
-        shutil.rmtree(data_dir / name / run_id, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(data_dir / name / run_id)  # read-only directories too
 
 
 async def _record_garbage(env: Env, run_id: str | None, *, planned: Collection[str] = ()) -> bool:
