@@ -646,15 +646,16 @@ async def test_a_corrupt_bank_parks_scratch_not_portable_on_either_restore_path(
     assert data["reason"] == failed.error
 
 
-ABSOLUTE_LINK = """\
-name: venv_like
+def _write_then_pause(name: str, run: str) -> str:
+    """A workflow whose tool node runs `run` in the scratch, then pauses (the scratch banks)."""
+    return f"""\
+name: {name}
 entry: write
 nodes:
   write:
     kind: tool
     run: >-
-      mkdir -p "$RUNFLEET_SCRATCH_DIR/v/bin" &&
-      ln -s /usr/bin/python3 "$RUNFLEET_SCRATCH_DIR/v/bin/python3" && echo written
+      {run}
   ask:
     kind: human
     message: "go on?"
@@ -665,6 +666,13 @@ edges:
   - from: write
     to: ask
 """
+
+
+ABSOLUTE_LINK = _write_then_pause(
+    "venv_like",
+    'mkdir -p "$RUNFLEET_SCRATCH_DIR/v/bin" &&'
+    ' ln -s /usr/bin/python3 "$RUNFLEET_SCRATCH_DIR/v/bin/python3" && echo written',
+)
 
 
 async def test_a_scratch_with_a_link_no_restore_takes_is_unbankable_naming_it(
@@ -689,23 +697,9 @@ async def test_a_scratch_with_a_link_no_restore_takes_is_unbankable_naming_it(
         await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))
 
 
-SPARSE = """\
-name: sparse
-entry: write
-nodes:
-  write:
-    kind: tool
-    run: truncate -s 200G "$RUNFLEET_SCRATCH_DIR/sparse" && echo written
-  ask:
-    kind: human
-    message: "go on?"
-    questions:
-      - name: wipe
-        type: bool
-edges:
-  - from: write
-    to: ask
-"""
+SPARSE = _write_then_pause(
+    "sparse", 'truncate -s 200G "$RUNFLEET_SCRATCH_DIR/sparse" && echo written'
+)
 
 
 def _archiving() -> bool:
