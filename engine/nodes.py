@@ -85,9 +85,22 @@ SandboxProvider = Callable[[], Awaitable[Sandbox]]
 
 async def run_compute(node: ComputeNode, scope: Mapping[str, Any]) -> NodeResult:
     try:
-        return NodeOk({name: evaluate(expr, scope) for name, expr in node.set.items()})
+        values = {name: evaluate(expr, scope) for name, expr in node.set.items()}
     except ExpressionError as exc:
         return NodeFailed(FailureCode.EXPRESSION_FAILED, str(exc))
+    for name, value in values.items():
+        # A set, bytes, a complex number or NaN is a value an expression may hold but a
+        # checkpoint cannot: it crashed `runfleet run` (`internal`) and, on a fleet, was a
+        # status write refused again and again, read as a store outage (a walkthrough).
+        not_json = _not_json(value)
+        if not_json is not None:
+            return NodeFailed(
+                FailureCode.EXPRESSION_FAILED,
+                f"set.{name} = {node.set[name]!r}: its value ({type(value).__name__}) cannot be"
+                f" stored as JSON ({not_json}); give a number, a string, a bool, None, a list"
+                " or a dict of those (a set as a list: [x for x in ...])",
+            )
+    return NodeOk(values)
 
 
 async def run_tool(
