@@ -53,7 +53,9 @@ def hold_data_dir(data: Path) -> Iterator[int]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise FleetAlreadyRunning(data, *_lock_holders(path)) from None
+            pid, orphans = _lock_holders(path)
+            servers = tuple(p for p in orphans if _is_nats_server(p))
+            raise FleetAlreadyRunning(data, pid, orphans, servers=servers) from None
         if stranded := _processes_holding(path, deleted=True):
             # Someone deleted `up.lock` under a running fleet: this lock is on a new inode and
             # proves nothing. The fleet's processes still hold the old one (found by an

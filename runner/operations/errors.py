@@ -55,6 +55,21 @@ class NotConfirmed(Refusal, code="not_confirmed"):
     remedy = "answer y at the question, or pass --yes to run it without asking (a script)"
 
 
+def _in_order(pids: Sequence[int], servers: Sequence[int]) -> str:
+    """How to stop what a killed `up` left: the runners first, and the nats-server only once
+    they are gone — one `kill` of both cut the runners' handoff publishes off (found by a
+    walkthrough: `run_publish_failed`, the handoff left to the next fleet's sweeper)."""
+    runners = [p for p in pids if p not in servers]
+    nats = [p for p in pids if p in servers]
+    if not runners or not nats:
+        return f"`kill {' '.join(map(str, pids))}`"
+    first, then = " ".join(map(str, runners)), " ".join(map(str, nats))
+    return (
+        f"`kill {first}` (the runners: they hand off their runs), wait until they have exited,"
+        f" then `kill {then}` (the nats-server)"
+    )
+
+
 class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
     """A second `runfleet up` on a data dir whose fleet runs: it would start a second
     nats-server on the same JetStream store, a second sweeper over the same SQLite file, and
@@ -67,16 +82,16 @@ class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
         orphans: Sequence[int] = (),
         *,
         lock_deleted: bool = False,
+        servers: Sequence[int] = (),
     ) -> None:
+        pids = " ".join(str(p) for p in orphans)
         if lock_deleted:
-            pids = " ".join(str(p) for p in orphans)
             who = f"its processes still hold {data}/up.lock, which was deleted: pids {pids}"
             stop = f"`kill {pids}` (never delete up.lock)"
         elif orphans:
             # The `up` is gone (SIGKILL) but the servers and runners it started still run.
-            pids = " ".join(str(p) for p in orphans)
             who = f"processes left by a `runfleet up` that is gone: pids {pids}"
-            stop = f"`kill {pids}` (the runners come first: they hand off their runs)"
+            stop = _in_order(orphans, servers)
         elif pid is not None:
             who, stop = f"pid {pid}", f"`kill {pid}`"
         else:

@@ -102,7 +102,11 @@ def test_an_up_killed_with_sigkill_holds_its_dir_while_its_children_run_and_no_l
         # the runners first, the nats-server last: killed in that order, runs are handed off
         assert "nats-server" in orphans[int(named[-1])], (named, orphans)
         assert all("nats-server" not in orphans[int(p)] for p in named[:-1]), (named, orphans)
-        assert "the runners come first" in refused.stderr
+        # Two steps, not one `kill` of all: the nats-server only once the runners are gone
+        # (one kill of both cut their handoff publishes off; a walkthrough).
+        runners, server = " ".join(named[:-1]), named[-1]
+        assert f"`kill {runners}` (the runners" in refused.stderr, refused.stderr
+        assert f"wait until they have exited, then `kill {server}`" in refused.stderr
     finally:
         crashed.kill()  # the nats-server and runner it left in their own sessions
     eventually(lambda: not processes_of(crashed.data), within=30, what="the crashed fleet gone")
