@@ -32,7 +32,7 @@ from runner.cli.uploads import parse_attach
 from runner.cli.views import cancel_line, echo_json, echo_run, event_line, run_view
 from runner.operations import open_env
 from runner.operations.retry_wait import waiting_retry
-from store import Event, RunDocument, RunfleetError, RunStatus, utcnow
+from store import Event, RunDocument, RunfleetError, RunNotFound, RunStatus, utcnow
 from store.codec import INVALID_REMEDY
 
 RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.CANCELLED})
@@ -271,13 +271,27 @@ async def status_cmd(run_id: str, as_json: bool) -> None:
       runfleet status 01a2321e-d5
     """
     async with open_env(create_store=False) as env:
-        doc = await ops.get_run(env, run_id)
+        try:
+            doc = await ops.get_run(env, run_id)
+        except RunNotFound as exc:
+            if not env.store_made:
+                raise
+            raise RunNotFound(exc.message, remedy=fresh_store_note(env.settings.data)) from None
         retry = await waiting_retry(env, doc)
         parked = await ops.parked_record_id(env, doc)
     if as_json:
         echo_json({**run_view(doc, retry), "dlq_record": parked})
     else:
         echo_run(doc, retry, dlq_record=parked)
+
+
+def fresh_store_note(data: Path) -> str:
+    """What to say when a read made the embedded default's store just now."""
+    return (
+        f"no run was ever stored under {data.resolve()} (its store was made just now): run this"
+        " from the directory `runfleet up` runs in, or set RUNFLEET_DATA to its data dir"
+        " (`./dev up` keeps it in the repository's .runfleet)"
+    )
 
 
 @click.command("runs")
@@ -329,6 +343,8 @@ async def runs_cmd(
             limit=limit,
             newest_first=True,
         )
+        if env.store_made:
+            click.echo(fresh_store_note(env.settings.data), err=True)
     unreadable = [{"run_id": u.run_id, "error": u.error} for u in page.unreadable]
     if as_json:
         echo_json(

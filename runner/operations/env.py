@@ -44,6 +44,10 @@ class Env:
     """The NATS connection name (what `nats-server`'s connection list shows)."""
     wire_settings: WireSettings | None = None
     """The wire settings, when the caller has them; else read from `RUNFLEET_*`."""
+    store_made: bool = False
+    """A command that only reads made the embedded default's store just now: nothing ran with
+    this `RUNFLEET_DATA` before, which is most often a command run from the wrong directory
+    (found by a newcomer's walkthrough: `runs` answered an empty table, and nothing said why)."""
 
     @property
     def engine(self) -> EngineSettings:
@@ -146,6 +150,7 @@ async def open_env(
     command works."""
     settings = StoreSettings() if data is None else StoreSettings(data=data)
     explicit = settings.store_url
+    made = explicit is None and not create_store and not (settings.data / "runs.db").exists()
     with _setting("RUNFLEET_STORE_URL", value=explicit):
         store = await open_store(
             settings.effective_store_url,
@@ -156,7 +161,7 @@ async def open_env(
         with _setting("RUNFLEET_BLOB_URL", "RUNFLEET_S3_ENDPOINT", "RUNFLEET_S3_REGION"):
             blobs = open_blob_store(settings.effective_blob_url)
         try:
-            yield Env(settings, None, store, blobs, client)
+            yield Env(settings, None, store, blobs, client, store_made=made)
         finally:
             await blobs.close()
     finally:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.conftest import runfleet_with
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNFLEET = Path(sys.executable).parent / "runfleet"
 HELLO = ROOT / "examples" / "hello.yaml"
@@ -184,3 +186,20 @@ def test_the_default_store_is_still_created_by_the_first_command_on_a_fresh_mach
     assert result.code in (0, 3), result.stderr  # `status` of no such run: run_not_found
     assert "settings_invalid" not in result.stderr
     assert (data / "runs.db").is_file()
+
+
+def test_a_read_that_makes_the_default_store_says_nothing_ran_there(tmp_path: Path) -> None:
+    """Found by a newcomer's walkthrough: `runs` from the wrong directory made an empty store
+    there and answered an empty table; `status RUN` then said "check the run id with runfleet
+    runs", in a circle. The read still works (exit 0, nothing to list), and says where it
+    looked and how to find the fleet's data."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
+    env["RUNFLEET_DATA"] = str(tmp_path / "wrong" / ".runfleet")
+    listed = runfleet_with(env, "runs")
+    assert listed.returncode == 0, listed.stderr
+    assert "no run was ever stored under" in listed.stderr and "RUNFLEET_DATA" in listed.stderr
+
+    env["RUNFLEET_DATA"] = str(tmp_path / "other" / ".runfleet")
+    status = runfleet_with(env, "status", "01a244fd-3616")
+    assert status.returncode == 3, status.stderr
+    assert "remedy: no run was ever stored under" in status.stderr
