@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from engine.failures import FailureCode
 from engine.loader import load_workflow_file
 from engine.local import LocalInterrupt
 from engine.resume import ResumeRequest
@@ -306,6 +307,7 @@ def fresh_store_note(data: Path) -> str:
     "--code",
     "codes",
     multiple=True,
+    type=click.Choice([c.value for c in FailureCode]),
     help="failure code (alone: runs standing on it now, not ones cancelled since)",
 )
 @click.option("--since", type=DURATION, help="created within this duration, e.g. 1h")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from engine.failures import FailureCode
 from store import RunDocument, RunStatus
 
 MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
@@ -44,9 +45,14 @@ def run_duration(run: RunDocument, now: datetime) -> timedelta:
     return end - run.created_at
 
 
+CODE_WIDTH = max(len(code) for code in FailureCode)
+"""Every failure code whole: a code cut to 18 characters (`TOOL_FAILED_TRANSI`) was pasted
+into `runs --code` and matched nothing (found by a newcomer's walkthrough)."""
+
+
 def runs_table(runs: Sequence[RunDocument], now: datetime) -> list[str]:
     header = (
-        f"{'RUN':<36}  {'WORKFLOW':<16}  {'STATUS':<20}  {'CODE':<18}  {'ORIGIN':<6}"
+        f"{'RUN':<36}  {'WORKFLOW':<16}  {'STATUS':<20}  {'CODE':<{CODE_WIDTH}}  {'ORIGIN':<6}"
         f"  {'STARTED (UTC)':<19}  {'DURATION':>8}  ATTEMPT"
     )
     lines = [header]
@@ -54,7 +60,7 @@ def runs_table(runs: Sequence[RunDocument], now: datetime) -> list[str]:
         started = r.created_at.strftime("%Y-%m-%d %H:%M:%S")
         lines.append(
             f"{shown(r.run_id):<36}  {shown(r.workflow.name[:16]):<16}  {r.status:<20}"
-            f"  {(r.failure_code or '')[:18]:<18}  {r.origin:<6}  {started:<19}"
+            f"  {r.failure_code or '':<{CODE_WIDTH}}  {r.origin:<6}  {started:<19}"
             f"  {duration_text(run_duration(r, now)):>8}  {r.attempt}"
         )
     return lines

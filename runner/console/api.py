@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 
+from engine.failures import FailureCode
 from engine.loader import LoadedWorkflow, load_workflow
 from engine.resume import ResumeRequest
 from runner import operations as ops
@@ -47,6 +48,8 @@ IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0c6d1e-4f0a-4c57-9a55-7c2f0e9d6a31")
 IDEMPOTENCY_KEY_MAX = 200
 EVENTS_PAGE_MAX = 5_000
 """Below the operations' read of 10 000 events, so a full page always shows there is more."""
+
+FAILURE_CODES = frozenset(c.value for c in FailureCode)
 
 
 def idempotent_run_id(tenant: str, key: str) -> str:
@@ -113,6 +116,10 @@ async def list_runs(call: Call) -> RunPage:
     for given in statuses:
         if given not in known:
             raise invalid(f"status: {given[:40]!r} is not one of {', '.join(sorted(known))}")
+    codes = call.query_all("code")
+    for given in codes:  # a mistyped code matched nothing and read as "no such runs"
+        if given not in FAILURE_CODES:
+            raise invalid(f"code: {given[:40]!r} is not a failure code", "give one of the enum")
     since = call.query_str("since")
     try:
         within = parse_duration(since) if since is not None else None
@@ -124,7 +131,7 @@ async def list_runs(call: Call) -> RunPage:
     page = await ops.list_runs(
         call.env,
         statuses=[RunStatus(s) for s in statuses],
-        failure_codes=call.query_all("code"),
+        failure_codes=codes,
         created_within=within,
         workflow=call.query_str("workflow"),
         after=call.query_str("after"),
@@ -232,7 +239,7 @@ RUN_ROUTES: tuple[Route, ...] = (
             Param(
                 "code",
                 "query",
-                {"type": "array", "items": {"type": "string"}},
+                {"type": "array", "items": {"type": "string", "enum": sorted(FAILURE_CODES)}},
                 "failure code, repeatable",
             ),
             Param("since", "query", {"type": "string"}, f"created within: {DURATION_FORM}"),

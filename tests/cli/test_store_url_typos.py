@@ -203,3 +203,17 @@ def test_a_read_that_makes_the_default_store_says_nothing_ran_there(tmp_path: Pa
     status = runfleet_with(env, "status", "01a244fd-3616")
     assert status.returncode == 3, status.stderr
     assert "remedy: no run was ever stored under" in status.stderr
+
+
+def test_runs_shows_failure_codes_whole_and_refuses_a_code_that_is_none(tmp_path: Path) -> None:
+    """Found by a newcomer's walkthrough: the CODE column cut `TOOL_FAILED_TRANSIENT` to
+    `TOOL_FAILED_TRANSI`, which pasted into `runs --code` listed nothing, exit 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNFLEET_")}
+    env["RUNFLEET_DATA"] = str(tmp_path / ".runfleet")
+    cut = runfleet_with(env, "runs", "--code", "TOOL_FAILED_TRANSI")
+    assert cut.returncode == 2, cut.stderr
+    assert "TOOL_FAILED_TRANSIENT" in cut.stderr  # the choices are listed
+    whole = runfleet_with(env, "runs", "--code", "ATTACHMENT_PATH_UNAVAILABLE")
+    assert whole.returncode == 0, whole.stderr
+    header = whole.stdout.splitlines()[0]
+    assert header.index("ORIGIN") - header.index("CODE") >= len("ATTACHMENT_PATH_UNAVAILABLE") + 2

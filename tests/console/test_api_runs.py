@@ -200,3 +200,11 @@ async def test_the_stream_keeps_a_quiet_run_alive_and_ends_when_it_stops_moving(
     assert end["status"] == "cancelled"
     seqs = [json.loads(x.decode()[6:])["seq"] for x in lines if x.startswith(b"data: ")]
     assert seqs == sorted(seqs) and len(seqs) >= 2  # launched, queued (, cancelled)
+
+
+async def test_a_runs_filter_naming_no_failure_code_is_400(api: Api) -> None:
+    """A mistyped code matched nothing and read as "no such runs" (a newcomer's walkthrough)."""
+    status, body, _ = await api.call("GET", "/api/v1/runs?code=TOOL_FAILED_TRANSI")
+    assert status == 400 and "is not a failure code" in body["error"]["message"]
+    status, _, _ = await api.call("GET", "/api/v1/runs?code=TOOL_FAILED_TRANSIENT")
+    assert status == 200
