@@ -274,8 +274,19 @@ async def resume(
     tenant = tenant or env.tenant
     run = await env.store.get_run(run_id)
     request = await uploads.stage_file_answers(env, run, request, tenant=tenant)
-    async with env.publisher() as publisher, _naming_a_refused_bank(env, run_id):
-        return await publisher.resume(run_id, request, tenant=tenant)
+    try:
+        async with env.publisher() as publisher, _naming_a_refused_bank(env, run_id):
+            return await publisher.resume(run_id, request, tenant=tenant)
+    except NatsUnavailable as exc:
+        if run.origin != "local":
+            raise
+        # A run `runfleet run` started, resumed without --local where no fleet runs: the
+        # remedy named only the fleet (found by a newcomer's walkthrough).
+        exc.remedy = (
+            f"{exc.remedy}; or resume it in this process, as it was run:"
+            f" `runfleet resume {run_id} --local`"
+        )
+        raise
 
 
 async def resume_local(
