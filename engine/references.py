@@ -49,6 +49,7 @@ def references(workflow: Workflow, root: str) -> Iterator[tuple[str, str]]:
             texts = [v for v in node.inputs.values() if isinstance(v, str)]
         elif isinstance(node, HumanNode | FailNode):
             texts = [node.message]
+            where = f"the message of node {node_id!r}"
         else:
             continue
         for text in texts:

@@ -105,17 +105,24 @@ def warnings(workflow: Workflow) -> list[str]:
     for where, name in dict.fromkeys(references(workflow, "outputs")):
         if name not in workflow.nodes:
             said.append(
-                f"{where} names outputs.{name}, but no node is called {name!r}: it fails"
-                " EXPRESSION_FAILED when it runs"
+                f"{where} names outputs.{name}, but no node is called {name!r}: {_then(where)}"
             )
     for where, name in dict.fromkeys(references(workflow, "vars")):
         if name not in workflow.vars:
             declared = ", ".join(workflow.vars) or "none"
             said.append(
                 f"{where} names vars.{name}, but the workflow declares no var {name!r}"
-                f" (declared: {declared}): it fails EXPRESSION_FAILED when it runs"
+                f" (declared: {declared}): {_then(where)}"
             )
     return said
+
+
+def _then(where: str) -> str:
+    """What a reference to nothing does when it runs: a human or fail node's message keeps
+    its stop and shows raw (a walkthrough: the warning said the pause would fail)."""
+    if where.startswith("the message of"):
+        return "the message shows raw, unrendered, when the node runs (its stop still happens)"
+    return "it fails EXPRESSION_FAILED when it runs"
 
 
 def _uncapped_cycles(workflow: Workflow) -> list[list[str]]:

@@ -49,9 +49,9 @@ def test_every_outputs_name_is_found_where_it_is_and_nothing_else() -> None:
             ("node 'fetch'", "other"),
             ("node 'score'", "fetch"),
             ("node 'score'", "scorer"),
-            ("node 'ask'", "score"),
+            ("the message of node 'ask'", "score"),
             ("node 'call'", "top"),  # a nested value is passed as written, never rendered
-            ("node 'stop'", "gone"),
+            ("the message of node 'stop'", "gone"),
         }
     )
 
