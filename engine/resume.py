@@ -150,7 +150,7 @@ def _check_restart_node(run: RunDocument, workflow: Workflow) -> None:
     if pending is not None:
         node = str(pending.get("node"))
         if not isinstance(workflow.nodes.get(node), HumanNode):
-            raise SourceLacksRestartNode(run.run_id, node, "has no question")
+            raise SourceLacksRestartNode(run.run_id, node, "has no human node")
     if cp.restart_node is not None and cp.restart_node not in workflow.nodes:
         raise SourceLacksRestartNode(run.run_id, cp.restart_node, "has no node")
 

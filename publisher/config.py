@@ -28,6 +28,8 @@ def split_servers(value: str) -> list[str]:
 
 NATS_URL_FILE = "nats.url"
 """Written by `runfleet up` under RUNFLEET_DATA so every other command finds the local fleet."""
+UP_LOCK_FILE = "up.lock"
+"""Under RUNFLEET_DATA: locked by the `runfleet up` that serves it (`runner.data_lock`)."""
 
 
 class NatsSettings(RunfleetSettings):

@@ -13,13 +13,16 @@ advertises are added to that pool as well).
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+from pathlib import Path
 
 import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from publisher.config import NATS_URL_FILE, NatsSettings
+from publisher.config import NATS_URL_FILE, UP_LOCK_FILE, NatsSettings
 from publisher.errors import NatsUnavailable
 from store.url import redact
 
@@ -82,6 +85,16 @@ async def connect(
                 remedy="start one (`runfleet up`, or `runfleet up --data DIR`), set"
                 " RUNFLEET_DATA to the directory a running `up` uses, or set RUNFLEET_NATS_URL",
             ) from exc
+        if settings.nats_url is None and not _held(settings.data / UP_LOCK_FILE):
+            # Nothing holds the fleet's lock: the `up` that wrote `nats.url` is gone with all
+            # it started, and the file is left (found by a walkthrough: "retry in a few
+            # seconds" for a fleet no one runs).
+            data = settings.data.resolve()
+            raise NatsUnavailable(
+                f"no `runfleet up` fleet is running on {data}: its {NATS_URL_FILE} ({where})"
+                f" is left from one that is gone: {exc!r}",
+                remedy=f"start the fleet again (`runfleet up`); it writes a new {NATS_URL_FILE}",
+            ) from exc
         if settings.nats_url is None:
             # A fleet's `nats.url` names a server that does not answer: its `up` restarts a
             # nats-server that died within seconds; an `up` that is gone left the file behind.
@@ -95,6 +108,24 @@ async def connect(
         raise NatsUnavailable(f"cannot reach NATS at {where}: {exc!r}") from exc
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on, never give up
     return nc, nc.jetstream()
+
+
+def _held(lock: Path) -> bool:
+    """Whether a process holds the fleet's OS lock (a shared probe, released at once: a
+    missing file is no fleet, a file no one holds is a fleet that is gone)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True  # cannot tell: say what was said before
+    finally:
+        os.close(fd)  # drops the probe's own lock
+    return False
 
 
 async def _log_error(exc: Exception) -> None:

@@ -10,11 +10,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from publisher.config import UP_LOCK_FILE
 from runner.operations.errors import FleetAlreadyRunning
 from store.settings import SettingProblem, SettingsInvalid
-
-UP_LOCK_FILE = "up.lock"
-"""Under RUNFLEET_DATA: locked by the `runfleet up` that serves it, and holding its pid."""
 
 
 @contextlib.contextmanager

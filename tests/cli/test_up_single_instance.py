@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.data_lock import UP_LOCK_FILE
+from publisher.config import UP_LOCK_FILE
 from runner.embedded import EmbeddedFleet
 from store.url import open_store
 from tests.cli.conftest import (

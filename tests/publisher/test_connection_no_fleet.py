@@ -6,11 +6,14 @@ machine happens to run on 4222 can answer."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from publisher.config import NATS_URL_FILE, NatsSettings
+from publisher.config import NATS_URL_FILE, UP_LOCK_FILE, NatsSettings
 from publisher.connection import connect
 from publisher.errors import NatsUnavailable
 
@@ -42,13 +45,37 @@ async def test_a_fleets_address_that_does_not_answer_is_named_with_retry_then_th
     """`runfleet up` would be refused while the fleet's processes hold its lock: the remedy
     says retry (a dead nats-server is restarted by `up`), then what to stop."""
     (tmp_path / NATS_URL_FILE).write_text(NOTHING_THERE + "\n")  # a fleet that was killed
-    with pytest.raises(NatsUnavailable) as caught:
+    # ... whose runners still hold its lock
+    with held_lock(tmp_path / UP_LOCK_FILE), pytest.raises(NatsUnavailable) as caught:
         await connect(NatsSettings(data=tmp_path, nats_url=None))
     assert caught.value.message.startswith(
         f"the `runfleet up` fleet on {resolved(tmp_path)} does not answer at {NOTHING_THERE}"
     )
     remedy = caught.value.remedy or ""
     assert "retry in a few seconds" in remedy and str(resolved(tmp_path) / "up.lock") in remedy
+
+
+async def test_a_url_file_left_by_a_fleet_that_is_gone_says_to_start_one(
+    tmp_path: Path,
+) -> None:
+    """Found by a walkthrough: with the killed `up` and everything it started gone, the
+    remedy still said "retry in a few seconds". No one holds the lock: no fleet runs."""
+    (tmp_path / NATS_URL_FILE).write_text(NOTHING_THERE + "\n")
+    (tmp_path / UP_LOCK_FILE).write_text("12345\n")  # left, held by no one
+    with pytest.raises(NatsUnavailable) as caught:
+        await connect(NatsSettings(data=tmp_path, nats_url=None))
+    assert caught.value.message.startswith(
+        f"no `runfleet up` fleet is running on {resolved(tmp_path)}: its {NATS_URL_FILE}"
+    )
+    assert "is left from one that is gone" in caught.value.message
+    assert "start the fleet again" in (caught.value.remedy or "")
+
+
+@contextlib.contextmanager
+def held_lock(path: Path) -> Iterator[None]:
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 async def test_an_explicit_nats_url_that_does_not_answer_is_named_as_before(
