@@ -127,7 +127,7 @@ class SessionSigner:
 
     @property
     def key(self) -> bytes:
-        """Derived from the tokens themselves (`TokenBook.secret`), so every replica serving
+        """From the tokens themselves (`TokenBook.secret`, ADR-0023), so every replica serving
         them signs alike and a change of the tokens logs every console session out. Not from
         their digests: it was, and a session cookie, which holds its token's digest, was all a
         person needed to sign sessions of their own, with any expiry (found by a security
