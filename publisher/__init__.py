@@ -1,48 +1,10 @@
 """The queue contract (wire, streams, DLQ records) and the publisher: launch, resume, cancel,
-replay (SPEC §3, §4)."""
+replay (SPEC §3, §4).
 
-from publisher.config import WireSettings
-from publisher.connection import connect
-from publisher.dlq import DlqRecord, DlqStore
-from publisher.errors import (
-    DuplicatePublication,
-    MalformedMessage,
-    NatsUnavailable,
-    PublishFailed,
-    RecordNotFound,
-    RecordNotReplayable,
-    ResumeTooLarge,
-    RunNotCancellable,
-    StaleRecord,
-    StreamConfigConflict,
-    UnsupportedSchema,
-)
-from publisher.publisher import Publisher
-from publisher.streams import ensure_streams
-from publisher.wire import SCHEMA_VERSION, ResumeCopy, RunMessage, WireNames, decode, encode
+Its names are imported when first used (`__init__.pyi` lists them; ADR-0024): a CLI command
+that never publishes does not pay for importing NATS and the S3 client.
+"""
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "DlqRecord",
-    "DlqStore",
-    "DuplicatePublication",
-    "MalformedMessage",
-    "NatsUnavailable",
-    "PublishFailed",
-    "Publisher",
-    "RecordNotFound",
-    "RecordNotReplayable",
-    "ResumeCopy",
-    "ResumeTooLarge",
-    "RunMessage",
-    "RunNotCancellable",
-    "StaleRecord",
-    "StreamConfigConflict",
-    "UnsupportedSchema",
-    "WireNames",
-    "WireSettings",
-    "connect",
-    "decode",
-    "encode",
-    "ensure_streams",
-]
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

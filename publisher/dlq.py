@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nats.js import JetStreamContext
-from nats.js.api import RawStreamMsg
-from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
 from publisher.errors import RecordNotFound
-from publisher.nats_errors import is_stream_missing
 from publisher.wire import WireNames
 from store import BlobStore, UtcDatetime, utcnow
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+    from nats.js.api import RawStreamMsg
 
 INLINE_BODY_MAX = 256 * 1024
 
@@ -116,6 +116,10 @@ class DlqStore:
         return model
 
     async def get(self, record_id: int) -> DlqRecord:
+        from nats.js.errors import NotFoundError  # nats-py only once connected (ADR-0024)
+
+        from publisher.nats_errors import is_stream_missing
+
         try:
             msg = await self.js.get_last_msg(
                 self.names.dlq_stream, self.names.dlq_subject(record_id)
@@ -136,6 +140,10 @@ class DlqStore:
     async def list(
         self, *, reason: str | None = None, older_than: datetime | None = None
     ) -> list[DlqRecord]:
+        from nats.js.errors import NotFoundError  # nats-py only once connected (ADR-0024)
+
+        from publisher.nats_errors import is_stream_missing
+
         records: list[DlqRecord] = []
         seq = 1
         while True:

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import contextlib
 from enum import StrEnum
-from typing import Literal, Protocol
-
-from nats.js.api import PubAck
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from engine.resume import ResumeRequest
 from publisher.dlq import DlqRecord, DlqStore
 from publisher.errors import PublishFailed, RecordNotReplayable, StaleRecord
 from publisher.wire import MessageKind, ResumeCopy
 from store import RunDocument, RunNotFound, RunStatus, RunStore
+
+if TYPE_CHECKING:
+    from nats.js.api import PubAck
 
 _EVENT_PAGE = 500
 

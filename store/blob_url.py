@@ -15,13 +15,16 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from store.blobs_fs import FilesystemBlobStore
-from store.blobs_s3 import S3BlobStore
 from store.errors import BlobKeyInvalid, InvalidStoreUrl
 from store.protocols import BlobStore
 from store.url import redact
+
+if TYPE_CHECKING:
+    from store.blobs_s3 import S3BlobStore
 
 DEFAULT_REGION = "us-east-1"
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -81,6 +84,8 @@ def _s3(url: str, netloc: str, path: str, query: str, env: Mapping[str, str]) ->
         or DEFAULT_REGION
     )
     try:
+        from store.blobs_s3 import S3BlobStore  # aioboto3 costs a start-up ≈ 0.5 s (ADR-0024)
+
         return S3BlobStore(netloc, unquote(path), endpoint_url=endpoint, region=region)
     except BlobKeyInvalid as exc:
         raise InvalidStoreUrl(f"blob store URL {shown!r} has an invalid prefix: {exc}") from exc

@@ -11,8 +11,7 @@ import sys
 import click
 
 from runner.cli.runtime import command
-from runner.console import DEFAULT_HOST, DEFAULT_PORT, serve
-from runner.console.server import BindFailed
+from runner.console.listening import DEFAULT_HOST, DEFAULT_PORT, BindFailed
 from runner.heap import freeze_startup_heap
 
 
@@ -70,6 +69,8 @@ async def console_cmd(port: int, host: str) -> None:
     logger = logging.getLogger("runner.console")
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
+    from runner.console import serve  # the server, only when serving (ADR-0024)
+
     serving = asyncio.ensure_future(serve(host, port, started=started))
     stopping: list[bool] = []
 

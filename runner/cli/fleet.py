@@ -124,7 +124,7 @@ async def up_cmd(
 
 def _api_socket(port: int) -> socket.socket:
     from runner.cli.console import bind_refused
-    from runner.console.server import BindFailed, listening_socket
+    from runner.console.listening import BindFailed, listening_socket
 
     try:
         return listening_socket("127.0.0.1", port)

@@ -9,13 +9,11 @@ import signal
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from engine.failures import FailureCode
-from engine.loader import load_workflow_file
-from engine.local import LocalInterrupt
 from engine.resume import ResumeRequest
 from runner import operations as ops
 from runner.cli.errors import EXIT_RUN_FAILED
@@ -36,10 +34,22 @@ from runner.operations.retry_wait import waiting_retry
 from store import Event, RunDocument, RunfleetError, RunNotFound, RunStatus, utcnow
 from store.codec import INVALID_REMEDY
 
+if TYPE_CHECKING:
+    from engine.loader import LoadedWorkflow
+    from engine.local import LocalInterrupt
+
 RUN_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_RESUMABLE, RunStatus.CANCELLED})
 """How `runfleet run` can end that a CI job must see as a failure (exit 5, SPEC §10 v2.2), and
 `resume --local` alike: it ran the run in this process too, so a script reads both the same
 way (a Ctrl-C's `cancelled` included)."""
+
+
+def load_workflow(file: Path) -> LoadedWorkflow:
+    """`engine.loader`, imported by the commands that read a workflow: `runs`, `status` and
+    `events` start without the templates and sandbox settings it brings (ADR-0024)."""
+    from engine.loader import load_workflow_file
+
+    return load_workflow_file(file)
 
 
 @contextlib.contextmanager
@@ -47,6 +57,8 @@ def stop_on_ctrl_c() -> Iterator[LocalInterrupt]:
     """The first Ctrl-C stops the in-process execution as an operator cancel would (it
     checkpoints, ends `cancelled`, releases its lease); the second is Python's own again,
     which aborts at once (asyncio cancels the command: exit 130, the lease left to lapse)."""
+    from engine.local import LocalInterrupt  # the engine, only where a command runs one
+
     interrupt = LocalInterrupt()
     loop = asyncio.get_running_loop()
     previous = signal.getsignal(signal.SIGINT)
@@ -103,7 +115,7 @@ async def run_cmd(
       runfleet run examples/hello.yaml --var name=Ada
       runfleet run review.yaml --attach spec=./spec.pdf
     """
-    loaded = load_workflow_file(file)
+    loaded = load_workflow(file)
     paths, uploads = parse_attach(attach)
     async with open_env() as env:
         with stop_on_ctrl_c() as interrupt:
@@ -188,7 +200,7 @@ async def resume_cmd(
         force=force,
         accept_scratch_loss=accept_scratch_loss,
         budget=budget_overrides(max_duration, max_cost_usd, max_iterations),
-        new_source=load_workflow_file(file) if file is not None else None,
+        new_source=load_workflow(file) if file is not None else None,
     )
     interrupt: LocalInterrupt | None = None
     async with open_env(create_store=False) as env:
@@ -232,7 +244,7 @@ async def launch_cmd(
       runfleet launch examples/hello.yaml --var name=Ada
       runfleet launch review.yaml --attach spec=./spec.pdf
     """
-    loaded = load_workflow_file(file)
+    loaded = load_workflow(file)
     inputs = parse_pairs(vars_, "--var")
     paths, uploads = parse_attach(attach)
     async with open_env() as env:
@@ -456,7 +468,7 @@ async def rewind_cmd(run_id: str, node: str, file: Path | None, as_json: bool) -
     Example:
       runfleet rewind 01a2321e-d5 --node review
     """
-    new_source = load_workflow_file(file) if file is not None else None
+    new_source = load_workflow(file) if file is not None else None
     async with open_env(create_store=False) as env:
         result = await ops.rewind(env, run_id, node, new_source=new_source)
     if as_json:

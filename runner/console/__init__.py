@@ -6,17 +6,11 @@ a tenant and a role, and an OpenAPI 3.1 document generated from the same pydanti
     api      the run routes and the route table (ROUTES); dlq_api the DLQ's
     auth     tokens → (tenant, role)          errors   refusal → status, one table
     models   request and response bodies      openapi  the document, from ROUTES and models
+
+Its names are imported when first used (`__init__.pyi` lists them; ADR-0024): a CLI command
+that never publishes does not pay for importing NATS and the S3 client.
 """
 
-from runner.console.auth import Principal, TokenBook, load_tokens
-from runner.console.server import DEFAULT_HOST, DEFAULT_PORT, create_app, serve
+import lazy_loader
 
-__all__ = [
-    "DEFAULT_HOST",
-    "DEFAULT_PORT",
-    "Principal",
-    "TokenBook",
-    "create_app",
-    "load_tokens",
-    "serve",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -12,77 +12,11 @@ Printing, prompting and flag parsing belong to the caller.
     dlq    list_records, select_records, show_record, replay_records, purge_records,
            parked_record_id, record_owner, records_of
     fleet  ensure_wire, sweep, plan_gc, collect_garbage
+
+Its names are imported when first used (`__init__.pyi` lists them; ADR-0024): a CLI command
+that never publishes does not pay for importing NATS and the S3 client.
 """
 
-from runner.operations.dlq import (
-    list_records,
-    parked_record_id,
-    purge_records,
-    record_owner,
-    records_of,
-    replay_records,
-    select_records,
-    show_record,
-)
-from runner.operations.env import Env, open_env
-from runner.operations.errors import UNREACHABLE, is_refusal, is_unreachable, is_usage
-from runner.operations.fleet import collect_garbage, ensure_wire, plan_gc, sweep
-from runner.operations.models import (
-    GcPlan,
-    GcReport,
-    RecordDetail,
-    ReplayOutcome,
-    ReplayReport,
-    SweepResult,
-)
-from runner.operations.runs import (
-    TimelineEntry,
-    cancel,
-    event_batches,
-    get_run,
-    launch,
-    list_runs,
-    resume,
-    resume_local,
-    rewind,
-    run_local,
-    timeline_batches,
-)
+import lazy_loader
 
-__all__ = [
-    "UNREACHABLE",
-    "Env",
-    "GcPlan",
-    "GcReport",
-    "RecordDetail",
-    "ReplayOutcome",
-    "ReplayReport",
-    "SweepResult",
-    "TimelineEntry",
-    "cancel",
-    "collect_garbage",
-    "ensure_wire",
-    "event_batches",
-    "get_run",
-    "is_refusal",
-    "is_unreachable",
-    "is_usage",
-    "launch",
-    "list_records",
-    "list_runs",
-    "open_env",
-    "parked_record_id",
-    "plan_gc",
-    "purge_records",
-    "record_owner",
-    "records_of",
-    "replay_records",
-    "resume",
-    "resume_local",
-    "rewind",
-    "run_local",
-    "select_records",
-    "show_record",
-    "sweep",
-    "timeline_batches",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

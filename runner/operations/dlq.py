@@ -16,7 +16,6 @@ from datetime import timedelta
 from engine.failures import FailureCode
 from publisher.dlq import UNREADABLE, DlqRecord, DlqStore
 from publisher.errors import MalformedMessage, RecordNotFound, UnsupportedSchema
-from publisher.nats_errors import nats_boundary
 from publisher.wire import RunMessage, decode
 from runner.operations.env import Env
 from runner.operations.errors import is_unreachable
@@ -133,6 +132,8 @@ async def replay_records(
     """Replay the records `ids` names (or, with None, every record with `reason`). A refusal
     is that record's outcome and the others go on; unreachable infrastructure stops the
     replay and names the records not attempted."""
+    from publisher.nats_errors import nats_boundary  # nats-py only once connected (ADR-0024)
+
     outcomes: list[ReplayOutcome] = []
     async with env.publisher() as pub:
         records = await _select(_dlq(pub.dlq), ids, reason, None)

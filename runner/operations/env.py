@@ -12,23 +12,24 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.config import EngineSettings
-from engine.local import LocalEnv
-from engine.sandbox.protocols import SandboxDriver
-from engine.sandbox.registry import DriverContext
-from engine.sandbox.router import DriverRouter
 from publisher.config import NatsSettings, WireSettings
-from publisher.connection import connect
-from publisher.dlq import DlqStore
-from publisher.nats_errors import nats_boundary
-from publisher.publisher import Publisher
-from publisher.wire import WireNames
 from store import BlobStore, Event, InvalidStoreUrl, RunStore
 from store.blob_url import open_blob_store
 from store.config import StoreSettings
 from store.settings import SettingProblem, SettingsInvalid
 from store.url import open_store, redact
+
+if TYPE_CHECKING:
+    from engine.local import LocalEnv
+    from engine.sandbox.protocols import SandboxDriver
+    from publisher.dlq import DlqStore
+    from publisher.publisher import Publisher
+
+# NATS, the publisher and the engine's execution are imported where they are used: a command
+# that only reads the store (`runs`, `status`, `events`) starts without them (ADR-0024).
 
 
 @dataclass
@@ -79,6 +80,11 @@ class Env:
     async def dlq(self) -> AsyncIterator[DlqStore]:
         """The DLQ records, to list, show or remove: reads only `NatsSettings`, so a bad lease
         or publish setting does not stop `dlq list` (SPEC §10 v2.2). Errors as `publisher`."""
+        from publisher.connection import connect
+        from publisher.dlq import DlqStore
+        from publisher.nats_errors import nats_boundary
+        from publisher.wire import WireNames
+
         nats = self.nats()
         nc, js = await connect(nats, name=self.client)
         try:
@@ -91,6 +97,12 @@ class Env:
     async def publisher(self) -> AsyncIterator[Publisher]:
         """A connected publisher. An unreachable server is `NatsUnavailable` (exit code 4);
         any NATS error raised in the block leaves it translated (`publisher.nats_errors`)."""
+        from publisher.connection import connect
+        from publisher.dlq import DlqStore
+        from publisher.nats_errors import nats_boundary
+        from publisher.publisher import Publisher
+        from publisher.wire import WireNames
+
         wire = self.wire()
         nc, js = await connect(wire, name=self.client)
         try:
@@ -114,10 +126,15 @@ class Env:
     def driver(self) -> SandboxDriver:
         """`RUNFLEET_SANDBOX`'s driver, and any a workflow names (SPEC §6.1: the file wins);
         `UnknownSandboxDriver` (naming the known) for an unknown name."""
+        from engine.sandbox.registry import DriverContext
+        from engine.sandbox.router import DriverRouter
+
         return DriverRouter(self.engine.sandbox, DriverContext(data_dir=self.data_dir))
 
     def local(self, on_event: Callable[[Event], None] | None = None) -> LocalEnv:
         """What an in-process execution needs (`run`, `resume --local`)."""
+        from engine.local import LocalEnv
+
         return LocalEnv(
             self.store, self.driver(), self.engine, self.data_dir, self.blobs, on_event=on_event
         )

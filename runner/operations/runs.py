@@ -17,17 +17,14 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from engine import local as engine_local
-from engine import rewind as engine_rewind
 from engine.loader import LoadedWorkflow
 from engine.refusals import ScratchNotPortable
 from engine.resume import ResumeRequest
 from engine.vars import resolve_vars
 from publisher.cancel import cancel_run
 from publisher.errors import NatsUnavailable
-from runner.delivery_log import DeliveryEntry, read_deliveries
 from runner.operations import uploads
 from runner.operations.env import Env
 from runner.operations.ordering import queued_before_claimed, reading_times
@@ -44,6 +41,14 @@ from store import (
     StoreError,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    from engine import local as engine_local
+    from engine import rewind as engine_rewind
+    from runner.delivery_log import DeliveryEntry
+
+# The engine's execution and the NATS client are imported by the operations that use them: a
+# command that only reads the store starts without them (ADR-0024).
 
 MOVING = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 """While a run is in one of these, `follow` keeps reading its events."""
@@ -73,6 +78,8 @@ async def launch(
     only if no run has it (`RunAlreadyExists`): what makes a retried API launch idempotent.
     Attachments are promoted to the run id first (§8): a promotion that fails is
     `LaunchFailed`, with no run created and nothing queued."""
+    from engine import local as engine_local
+
     tenant = tenant or env.tenant
     async with env.publisher() as publisher:
         files: list[StagedFile] = []
@@ -102,6 +109,8 @@ async def run_local(
     person's stop, which ends the run `cancelled` with its checkpoint and lease released.
     Attachments are promoted to the run id first, as a launch's are (`LaunchFailed` when they
     cannot be: no run is created)."""
+    from engine import local as engine_local
+
     tenant = tenant or env.tenant
     run_id: str | None = None
     files: list[StagedFile] = []
@@ -245,6 +254,8 @@ async def timeline_batches(
     event seq: the log is read whole). Without `follow` the one
     batch is the whole timeline, in order; while following, each batch is ordered and comes
     after the ones before it."""
+    from runner.delivery_log import read_deliveries  # NATS, once it is needed (ADR-0024)
+
     run_id = await resolve_run_id(env, run_id)  # run_not_found before anything else
     after_event, after_log = after, 0
     async with env.publisher() as publisher:
@@ -302,6 +313,8 @@ async def resume_local(
     the outcome is an auto-resumable failure; `interrupt` as in `run_local` (no re-claim once
     it was asked). A `file` answer naming a local file is staged first, as `resume` does, so
     the run holds it as an attachment wherever it executes next (SPEC §6.4, §8)."""
+    from engine import local as engine_local
+
     run_id = await resolve_run_id(env, run_id)
     run = await env.store.get_run(run_id)
     request = await uploads.stage_file_answers(env, run, request, tenant=env.tenant)
@@ -364,6 +377,8 @@ async def rewind(
     env: Env, run_id: str, node: str, *, new_source: LoadedWorkflow | None = None
 ) -> engine_rewind.RewindResult:
     """Move the checkpoint back to `node` and park the run `paused_operator` (SPEC §6.7)."""
+    from engine import rewind as engine_rewind
+
     return await engine_rewind.rewind(
         env.store,
         await resolve_run_id(env, run_id),
