@@ -15,10 +15,19 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ParamSpec, Self, TypeVar
 
 from bson.errors import BSONError
-from pymongo import ASCENDING, AsyncMongoClient, ReturnDocument
+from pymongo import ASCENDING, AsyncMongoClient, ReadPreference, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import ConnectionFailure, DuplicateKeyError, PyMongoError
+from pymongo.errors import (
+    BulkWriteError,
+    ConnectionFailure,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+    WriteConcernError,
+)
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from store.errors import InvalidStoreUrl, StoreError, StoreUnavailable
@@ -30,6 +39,48 @@ Doc = dict[str, Any]
 
 _TRANSIENT = (ConnectionFailure,)
 """AutoReconnect, NetworkTimeout and ServerSelectionTimeoutError all derive from it."""
+
+DURABLE: dict[str, Any] = {
+    "write_concern": WriteConcern("majority", j=True),
+    "read_concern": ReadConcern("majority"),
+    "read_preference": ReadPreference.PRIMARY,
+}
+"""What the store's guarantees need, whatever the URL asks: a claim, a lease or an event
+acknowledged by a majority survives a failover (under w:1 a rolled-back create lost its run
+and a rolled-back claim ran a run twice), reads see only what cannot roll back, and every read
+that feeds a compare-and-set goes to the primary (a `readPreference=secondary` in the URL fed
+stale documents to the CAS). On a single `mongod` a majority is that server. A Mongo store
+review, docs/deploy.md."""
+
+
+def durable_database(client: AsyncMongoClient[Doc], name: str | None) -> AsyncDatabase[Doc]:
+    """The database `name` (else the URL's, else `runfleet`) with `DURABLE`'s options."""
+    return client.get_database(name or client.get_default_database("runfleet").name, **DURABLE)
+
+
+DUPLICATE_KEY = 11000
+
+_UNAVAILABLE_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+"""Server errors that mean "not now" (host unreachable or not found, a network timeout, shutting
+down, an election in progress, not primary), as PyMongo's own retryable-error list: an
+operator's command is exit 4 and the API 503, not a store fault (a Mongo store review)."""
+
+
+def is_duplicate_only(exc: BulkWriteError) -> bool:
+    """Every write error of a bulk insert is a duplicate key: another writer (or our own
+    earlier attempt) got there first, which the caller decides about, as for one insert."""
+    errors = exc.details.get("writeErrors") or []
+    return bool(errors) and all(e.get("code") == DUPLICATE_KEY for e in errors)
+
+
+def is_unavailable(exc: PyMongoError) -> bool:
+    """A failure the server would not have made in calmer times: no primary, an election,
+    a write concern not met (its outcome unknown), a retryable label."""
+    if isinstance(exc, WriteConcernError):
+        return True
+    if exc.has_error_label("RetryableWriteError") or exc.has_error_label("ResetPool"):
+        return True
+    return isinstance(exc, OperationFailure) and exc.code in _UNAVAILABLE_CODES
 
 
 def _brief(exc: BaseException) -> str:
@@ -92,7 +143,7 @@ class MongoConnection:
             client: AsyncMongoClient[Doc] = AsyncMongoClient(
                 url, tz_aware=True, serverSelectionTimeoutMS=server_selection_timeout_ms
             )
-            db = client[db_name] if db_name else client.get_default_database("runfleet")
+            db = durable_database(client, db_name)
         except (PyMongoError, ValueError, TypeError) as exc:  # a bad URI: nothing to retry
             raise InvalidStoreUrl(
                 f"cannot use MongoDB URL {shown}: {_scrub(str(exc), url)}"
@@ -111,7 +162,10 @@ class MongoConnection:
     ) -> T:
         """Run one driver call with bounded retries; translate what escapes into our errors.
 
-        `DuplicateKeyError` passes through untranslated: callers decide what a duplicate means.
+        `DuplicateKeyError`, and a `BulkWriteError` made only of duplicate keys, pass through
+        untranslated: callers decide what a duplicate means. (The bulk one was translated to
+        `StoreError`, so an `insert_many` of events that met another process's append never
+        reached its recovery; a Mongo store review.)
         """
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._attempts),
@@ -125,13 +179,24 @@ class MongoConnection:
                     return await fn(*args, **kwargs)
         except DuplicateKeyError:
             raise
+        except BulkWriteError as exc:
+            if is_duplicate_only(exc):
+                raise
+            raise self._translated(what, exc) from exc
         except _TRANSIENT as exc:
             raise StoreUnavailable(
                 f"{self._label} unreachable during {what}: {_brief(exc)}"
             ) from exc
-        except (PyMongoError, BSONError) as exc:
+        except PyMongoError as exc:
+            raise self._translated(what, exc) from exc
+        except BSONError as exc:
             raise StoreError(f"{self._label} failed during {what}: {_brief(exc)}") from exc
         raise AssertionError("tenacity stopped without a result")  # pragma: no cover
+
+    def _translated(self, what: str, exc: PyMongoError) -> StoreError:
+        if is_unavailable(exc):
+            return StoreUnavailable(f"{self._label} unavailable during {what}: {_brief(exc)}")
+        return StoreError(f"{self._label} failed during {what}: {_brief(exc)}")
 
     async def _io(
         self, what: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
@@ -201,6 +266,11 @@ class MongoConnection:
         specs: list[tuple[AsyncCollection[Doc], list[tuple[str, int]], bool]] = [
             (self._runs, [("status", ASCENDING)], False),
             (self._runs, [("tenant", ASCENDING)], False),
+            # Listings page by `_id` under a status or tenant filter (the sweeper, `gc`, `runs`,
+            # the console): without these a page of 1M runs sorted them all (a store review).
+            (self._runs, [("status", ASCENDING), ("_id", ASCENDING)], False),
+            (self._runs, [("tenant", ASCENDING), ("_id", ASCENDING)], False),
+            (self._runs, [("tenant", ASCENDING), ("status", ASCENDING), ("_id", ASCENDING)], False),
             (self._runs, [("lease.expires_at", ASCENDING)], False),
             (self._runs, [("created_at", ASCENDING)], False),
             (self._events, [("run_id", ASCENDING), ("seq", ASCENDING)], True),

@@ -81,14 +81,16 @@ class MongoEvents(AppendsDrafts, MongoConnection):
             ]
             try:
                 await self._io("append events", self._events.insert_many, docs)
-            except (BulkWriteError, DuplicateKeyError):
+            except BaseException as exc:
+                recent.last_seq = None  # whatever landed, the next append reads max(seq)
+                if not isinstance(exc, BulkWriteError | DuplicateKeyError):
+                    raise
                 landed = {
                     raw["_id"]
                     for raw in await self._find(
                         "re-read events", self._events, {"_id": {"$in": ids}}, [], len(ids)
                     )
                 }
-                recent.last_seq = None
             else:
                 recent.last_seq = first + len(drafts) - 1
                 return

@@ -15,7 +15,8 @@ from typing import Any
 
 import mongomock_motor
 import pytest
-from pymongo.errors import AutoReconnect, OperationFailure
+from pymongo import AsyncMongoClient, ReadPreference
+from pymongo.errors import AutoReconnect, OperationFailure, PyMongoError, WriteConcernError
 
 from store.cas import CasConflict, Eq, Update
 from store.errors import (
@@ -26,6 +27,8 @@ from store.errors import (
 )
 from store.models import Lease, RunDocument, RunStatus, WorkflowRef
 from store.mongo import MongoRunStore, redact_url
+from store.mongo.connection import durable_database
+from store.protocols import EventDraft
 from store.timeutil import utcnow
 
 
@@ -243,3 +246,116 @@ async def test_appenders_in_several_processes_get_gap_free_sequences(faulty: Fau
 
     await asyncio.gather(*(appender(n) for n in range(10)))
     assert [e.seq for e in await stores[0].read_events("r")] == list(range(1, 201))
+
+
+# -- a Mongo store review (twenty-fourth pass) -----------------------------------------------
+
+
+async def test_a_write_whose_events_meet_another_process_append_lands_them_once_in_order() -> None:
+    """`insert_many` of a write's events collides with an append by another process (a
+    resume from the CLI while a runner holds the run): the write lands, its events follow the
+    other's in order, and the next write numbers after them. The bulk duplicate was translated
+    to `StoreError`, so the write raised after its document moved and its events were lost."""
+    db = _db()
+    runner, operator = MongoRunStore(db), MongoRunStore(db)
+    drafts = [EventDraft("run_launched", {}), EventDraft("run_queued", {})]
+    doc = await runner.create_run(_run(), events=drafts)  # the runner remembers seq 2
+    await operator.append_event(doc.run_id, "run_resumed")  # seq 3, behind its back
+
+    done = await runner.update_run(
+        doc.run_id,
+        [Eq("version", 1)],
+        Update(set={"error": "x"}),
+        events=[EventDraft("node_started", {}), EventDraft("node_finished", {})],
+    )
+    assert isinstance(done, RunDocument) and done.version == 2
+    again = await runner.update_run(
+        doc.run_id,
+        [Eq("version", 2)],
+        Update(set={"error": "y"}),
+        events=[EventDraft("node_started", {}), EventDraft("run_finished", {})],
+    )
+    assert isinstance(again, RunDocument)
+    assert [(e.seq, e.type) for e in await runner.read_events(doc.run_id)] == [
+        (1, "run_launched"),
+        (2, "run_queued"),
+        (3, "run_resumed"),
+        (4, "node_started"),
+        (5, "node_finished"),
+        (6, "node_started"),
+        (7, "run_finished"),
+    ]
+
+
+async def test_an_events_insert_whose_reply_was_lost_is_not_appended_twice(faulty: Faulty) -> None:
+    store = MongoRunStore(faulty)  # type: ignore[arg-type]
+    doc = await store.create_run(_run())
+    faulty["events"].after["insert_many"] = 1  # landed, then the connection dropped
+
+    done = await store.update_run(
+        doc.run_id,
+        [Eq("version", 1)],
+        Update(set={"error": "x"}),
+        events=[EventDraft("node_started", {}), EventDraft("node_finished", {})],
+    )
+    await store.append_event(doc.run_id, "run_finished")
+
+    assert isinstance(done, RunDocument)
+    assert [(e.seq, e.type) for e in await store.read_events(doc.run_id)] == [
+        (1, "node_started"),
+        (2, "node_finished"),
+        (3, "run_finished"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OperationFailure("not primary", code=10107),
+        OperationFailure("interrupted due to repl state change", code=11602),
+        OperationFailure("shutdown in progress", code=91),
+        WriteConcernError("waiting for replication timed out", code=64),
+    ],
+    ids=["not-primary", "repl-state-change", "shutdown", "write-concern"],
+)
+async def test_an_election_or_an_unmet_write_concern_is_store_unavailable(
+    error: PyMongoError,
+) -> None:
+    """An operator's command is exit 4 and the API 503 while a replica set elects, as for a
+    lost connection; it was `StoreError` (exit 1, 500)."""
+
+    class Electing:
+        def __getitem__(self, name: str) -> Electing:
+            return self
+
+        async def find_one(self, *args: Any, **kwargs: Any) -> None:
+            raise error
+
+    store = MongoRunStore(Electing())  # type: ignore[arg-type]
+    store._indexed = True
+    with pytest.raises(StoreUnavailable) as caught:
+        await store.get_run("r")
+    assert caught.value.__cause__ is error
+
+
+def test_the_database_is_opened_majority_durable_whatever_the_url_asks() -> None:
+    """A claim, a lease or an event acknowledged by one member can roll back at a failover;
+    a secondary's read feeds a stale document to the CAS. Opened without I/O."""
+    client: Any = AsyncMongoClient(
+        "mongodb://127.0.0.1:1/fleet?w=1&readPreference=secondary&readConcernLevel=local",
+        connect=False,
+    )
+    db = durable_database(client, None)
+    assert db.name == "fleet"
+    assert db.write_concern.document == {"w": "majority", "j": True}
+    assert db.read_concern.level == "majority"
+    assert db.read_preference == ReadPreference.PRIMARY
+
+
+async def test_listings_by_status_and_tenant_have_indexes_that_page_by_id() -> None:
+    db = _db()
+    await MongoRunStore(db).ensure_indexes()
+    keys = [spec["key"] for spec in (await db["runs"].index_information()).values()]
+    assert [("status", 1), ("_id", 1)] in keys
+    assert [("tenant", 1), ("_id", 1)] in keys
+    assert [("tenant", 1), ("status", 1), ("_id", 1)] in keys
