@@ -31,6 +31,16 @@ class LeaseTiming:
 Beat = Callable[[], Awaitable[None]]
 
 
+def held_clock() -> float:
+    """Seconds on a clock nobody sets: `CLOCK_BOOTTIME` (it also counts a suspend) where the
+    system has one, else the monotonic clock. The holder judges its lease on this clock as well
+    as on the wall clock, and believes the shorter of the two (see `LeaseKeeper.seconds_left`)."""
+    return time.clock_gettime(_HELD_CLOCK)
+
+
+_HELD_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 class LeaseKeeper:
     def __init__(
         self,
@@ -57,6 +67,8 @@ class LeaseKeeper:
         self.last_refresh_s = 0.0
         self._stop = asyncio.Event()
         self._waiter: asyncio.Future[None] | None = None
+        self._held_until = held_clock() + (expires_at - utcnow()).total_seconds()
+        """`expires_at` on `held_clock`: what this holder believes whatever the wall clock does."""
         cancel.lease_left = self.seconds_left  # what starts work asks it (`lease_spent`)
 
     def stop(self) -> None:
@@ -65,8 +77,18 @@ class LeaseKeeper:
             self._waiter.set_result(None)
 
     def seconds_left(self) -> float:
-        """Until the loss margin: past it, nothing this execution starts may land."""
-        return (self.expires_at - self.timing.loss_margin - utcnow()).total_seconds()
+        """Until the loss margin: past it, nothing this execution starts may land.
+
+        The shorter of two readings. `expires_at` is what the store holds and what everyone
+        else judges the lease by, on their wall clocks; read on this host's wall clock alone, a
+        clock stepped back (NTP, a restored VM) made the holder believe it held a lease others
+        saw expire, so two executions ran one run's nodes at once (a clocks review). The
+        holder's own reading, on a clock nobody sets, is not fooled by that; a wall clock
+        stepped forward still ends the lease early, which is safe: the run is handed on."""
+        margin = self.timing.loss_margin.total_seconds()
+        wall = (self.expires_at - utcnow()).total_seconds()
+        own = self._held_until - held_clock()
+        return min(wall, own) - margin
 
     def held_at_start(self) -> bool:
         """Whether the lease the claim wrote is still short of its loss margin. A claim's
@@ -122,14 +144,14 @@ class LeaseKeeper:
 
     async def refresh_once(self) -> bool:
         """One beat. False when the lease is lost (the cancel signal says so)."""
-        deadline = self.expires_at - self.timing.loss_margin
         backoff = 0.05
         while True:
             new_expiry = utcnow() + self.timing.ttl
+            sent = held_clock()
             started = time.monotonic()
             # A refresh that never answers must not hold the lease forever: each try is
             # bounded by the time left before the loss margin.
-            left = max((deadline - utcnow()).total_seconds(), 0.0)
+            left = max(self.seconds_left(), 0.0)
             try:
                 result = await asyncio.wait_for(
                     self.store.update_run(
@@ -141,14 +163,13 @@ class LeaseKeeper:
                 )
             except (StoreError, TimeoutError) as exc:
                 self._trouble("failed")
-                if utcnow() >= deadline:
+                if self.seconds_left() <= 0:
                     log.error("run %s: lease lost, refreshes failed until the margin", self.run_id)
                     self._trouble("lost")
                     self.cancel.cancel(CancelReason.LEASE_LOST)
                     return False
                 log.warning("run %s: lease refresh failed (%r); retrying", self.run_id, exc)
-                remaining = (deadline - utcnow()).total_seconds()
-                if await self._pause(min(backoff, max(remaining, 0.0))):
+                if await self._pause(min(backoff, max(self.seconds_left(), 0.0))):
                     return True
                 backoff = min(backoff * 2, 1.0)
                 continue
@@ -160,6 +181,7 @@ class LeaseKeeper:
                 self.cancel.cancel(CancelReason.LEASE_LOST)
                 return False
             self.expires_at = new_expiry
+            self._held_until = sent + self.timing.ttl.total_seconds()
             self.refreshes += 1
             self.last_refresh_s = time.monotonic() - started
             if result.cancel_requested:

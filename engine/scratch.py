@@ -165,7 +165,13 @@ async def sweep_bank_keys(blobs: BlobStore, run_id: str, keep: str | None) -> li
 async def sweep_orphan_banks(store: RunStore, blobs: BlobStore, skew: timedelta) -> int:
     """§7.3 cleanup (the sweeper and `gc`): for every run with bank keys and no live lease,
     delete the keys its record does not name (an upload whose record never landed, a writer
-    that died before its own sweep; every key of a run that no longer exists)."""
+    that died before its own sweep; every key of a run that no longer exists).
+
+    The key of the lease the run holds is kept even when the lease looks free: "free" is read
+    on this process's clock, and a sweeper whose clock ran ahead of the holder's deleted a bank
+    just uploaded, before its execution's record landed; the next resume then found the record
+    naming a missing file (a clocks review). That key becomes an orphan only when another
+    claim replaces the token, and the next pass takes it."""
     runs: dict[str, list[str]] = {}
     for info in await blobs.list("runs/"):
         parts = info.key.split("/")
@@ -181,6 +187,8 @@ async def sweep_orphan_banks(store: RunStore, blobs: BlobStore, skew: timedelta)
             if not lease_is_free(run, utcnow(), skew):
                 continue  # its execution banks and sweeps for itself
             keep = run.scratch.key if run.scratch is not None else None
+            if run.lease is not None:
+                keys = [k for k in keys if k != bank_key(run_id, run.lease.token)]
         for key in keys:
             if key != keep and await blobs.delete(key):
                 deleted += 1
