@@ -14,7 +14,7 @@ from store.settings import (
     format_duration,
 )
 from store.sizes import Size, format_size
-from store.timeutil import Duration
+from store.timeutil import Duration, PositiveDuration
 
 UNCOMPRESSED_PER_CAP = 8
 """The default bound of a sandbox scratch's plain tar (`RUNFLEET_SCRATCH_MAX_UNCOMPRESSED`), as a
@@ -49,14 +49,14 @@ class EngineSettings(RunfleetSettings):
         ge=1,
         description="the largest tool output spilled to the blob store (held in memory once)",
     )
-    lease_ttl: Duration = timedelta(seconds=30)
-    lease_interval: Duration = timedelta(seconds=10)
+    lease_ttl: PositiveDuration = timedelta(seconds=30)
+    lease_interval: PositiveDuration = timedelta(seconds=10)
     lease_skew: Duration = timedelta(seconds=2)
-    lease_loss_margin: Duration | None = Field(default=None, description="default TTL/6")
-    node_cancel_budget: Duration = timedelta(minutes=1)
-    teardown_budget: Duration = timedelta(minutes=5)
-    scratch_bank_budget: Duration = timedelta(minutes=4)
-    post_engine_budget: Duration = timedelta(minutes=1)
+    lease_loss_margin: PositiveDuration | None = Field(default=None, description="default TTL/6")
+    node_cancel_budget: PositiveDuration = timedelta(minutes=1)
+    teardown_budget: PositiveDuration = timedelta(minutes=5)
+    scratch_bank_budget: PositiveDuration = timedelta(minutes=4)
+    post_engine_budget: PositiveDuration = timedelta(minutes=1)
     unwind_margin: Duration = timedelta(seconds=30)
 
     @field_validator("sandbox")

@@ -17,7 +17,7 @@ from store.settings import (
     env_name,
     format_duration,
 )
-from store.timeutil import Duration
+from store.timeutil import Duration, PositiveDuration
 
 _NATS_URL = re.compile(r"^(nats|tls|ws|wss)://\S+$")
 
@@ -98,11 +98,11 @@ class WireSettings(NatsSettings):
 
     stream_replicas: int = Field(default=1, ge=1, le=5)
     max_deliver: int = Field(default=10, ge=2)
-    lease_ttl: Duration = timedelta(seconds=30)
+    lease_ttl: PositiveDuration = timedelta(seconds=30)
     lease_skew: Duration = timedelta(seconds=2)
-    ack_wait: Duration | None = Field(default=None, description="default lease TTL + skew")
-    duplicate_window: Duration = timedelta(minutes=5)
-    publish_timeout: Duration = timedelta(seconds=2)
+    ack_wait: PositiveDuration | None = Field(default=None, description="default lease TTL + skew")
+    duplicate_window: PositiveDuration = timedelta(minutes=5)
+    publish_timeout: PositiveDuration = timedelta(seconds=2)
     publish_attempts: int = Field(
         default=10,
         ge=1,
@@ -110,9 +110,9 @@ class WireSettings(NatsSettings):
         " ≈ 11 s, past a cluster's leader election (3.5-8.5 s measured); the retry budget"
         " bounds them too",
     )
-    publish_retry_budget: Duration = timedelta(seconds=20)
-    sweeper_grace: Duration = timedelta(seconds=60)
-    sweeper_interval: Duration = timedelta(seconds=30)
+    publish_retry_budget: PositiveDuration = timedelta(seconds=20)
+    sweeper_grace: PositiveDuration = timedelta(seconds=60)
+    sweeper_interval: PositiveDuration = timedelta(seconds=30)
     delivery_log_ttl: Duration = Field(
         default=timedelta(days=7),
         gt=timedelta(0),

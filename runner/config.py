@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from store.settings import RunfleetSettings
-from store.timeutil import Duration
+from store.settings import RunfleetSettings, SettingsRelation, env_name, format_duration
+from store.timeutil import Duration, PositiveDuration
 
 
 class RunnerSettings(RunfleetSettings):
@@ -19,9 +19,9 @@ class RunnerSettings(RunfleetSettings):
         pattern=r"^[A-Za-z0-9.:_-]+$",
         json_schema_extra={"accepted": "a host name or IP address to bind, e.g. 127.0.0.1"},
     )
-    transient_delay: Duration = timedelta(seconds=5)
-    transient_delay_cap: Duration = timedelta(minutes=10)
-    fetch_timeout: Duration = timedelta(seconds=0.5)
+    transient_delay: PositiveDuration = timedelta(seconds=5)
+    transient_delay_cap: PositiveDuration = timedelta(minutes=10)
+    fetch_timeout: PositiveDuration = timedelta(seconds=0.5)
     fetch_gather: Duration = Field(
         default=timedelta(milliseconds=4),
         le=timedelta(seconds=1),
@@ -29,16 +29,30 @@ class RunnerSettings(RunfleetSettings):
         description="after a pull that emptied the queue, how long the next messages gather"
         " before the runner pulls again (ADR-0015 amendment 2); 0 pulls at once",
     )
-    lagging_delay: Duration = timedelta(seconds=2)
+    lagging_delay: PositiveDuration = timedelta(seconds=2)
     young_message: Duration = timedelta(seconds=30)
-    unsupported_schema_delay: Duration = timedelta(minutes=5)
-    drain_nak_delay: Duration = timedelta(seconds=1)
+    unsupported_schema_delay: PositiveDuration = timedelta(minutes=5)
+    drain_nak_delay: PositiveDuration = timedelta(seconds=1)
     claim_retries: int = Field(default=3, ge=0)
     sweeper: bool = Field(default=True, description="take part in the orphan sweeper")
     backstop: bool = Field(default=True, description="consume MAX_DELIVERIES advisories")
-    healthy_within: Duration = timedelta(seconds=60)
+    healthy_within: PositiveDuration = timedelta(seconds=60)
     consumer_wait: Duration = Field(
         default=timedelta(seconds=30),
         description="how long a starting runner waits for the consumer to answer (a leader"
         " election on a NATS cluster takes a few seconds)",
     )
+
+    @model_validator(mode="after")
+    def _relations(self) -> RunnerSettings:
+        """A transient failure's nak delay doubles from `transient_delay` up to its cap: a
+        delay over its cap was silently cut down to the cap (a clocks review)."""
+        if self.transient_delay > self.transient_delay_cap:
+            delay, cap = env_name("transient_delay"), env_name("transient_delay_cap")
+            raise SettingsRelation(
+                ("transient_delay", "transient_delay_cap"),
+                f"{delay} must be at most {cap} (the delay doubles up to the cap)",
+                f"lower {delay} to {format_duration(self.transient_delay_cap)} or less, or raise"
+                f" {cap} to {format_duration(self.transient_delay)} or more",
+            )
+        return self

@@ -131,7 +131,7 @@ def format_duration(value: timedelta) -> str:
     return f"{seconds:g}s"
 
 
-def _plain(annotation: Any) -> Any:
+def _optional_of(annotation: Any) -> Any:
     """`X | None` → `X`."""
     if get_origin(annotation) in (Union, UnionType):
         args = [a for a in get_args(annotation) if a is not NoneType]
@@ -140,8 +140,26 @@ def _plain(annotation: Any) -> Any:
     return annotation
 
 
+def _plain(annotation: Any) -> Any:
+    """`X | None` → `X`, and `Annotated[X, ...]` → `X`."""
+    inner = _optional_of(annotation)
+    return get_args(inner)[0] if get_origin(inner) is Annotated else inner
+
+
+def _constraints(info: FieldInfo) -> list[Any]:
+    """The field's validators and bounds, with those of an `Annotated` type inside `X | None`
+    (`PositiveDuration | None`): pydantic keeps only the outer ones on `info.metadata`, and
+    such a field's bad value was told to be "a text"."""
+    found = list(info.metadata)
+    inner = _optional_of(info.annotation)
+    if get_origin(inner) is Annotated:
+        for meta in get_args(inner)[1:]:
+            found.extend(meta.metadata if isinstance(meta, FieldInfo) else [meta])
+    return found
+
+
 def _is_size(info: FieldInfo) -> bool:
-    return any(getattr(m, "func", None) is parse_size for m in info.metadata)
+    return any(getattr(m, "func", None) is parse_size for m in _constraints(info))
 
 
 def accepted_form(info: FieldInfo) -> str:
@@ -150,8 +168,9 @@ def accepted_form(info: FieldInfo) -> str:
     if isinstance(extra, Mapping) and isinstance(extra.get("accepted"), str):
         return str(extra["accepted"])
     kind = _plain(info.annotation)
+    constraints = _constraints(info)
     if kind is timedelta:
-        if any(isinstance(m, annotated_types.Gt) for m in info.metadata):
+        if any(isinstance(m, annotated_types.Gt) for m in constraints):
             return f"a positive {DURATION_FORM.removeprefix('a ')}"
         return DURATION_FORM
     if kind is bool:
@@ -159,8 +178,8 @@ def accepted_form(info: FieldInfo) -> str:
     if kind is int:
         if _is_size(info):
             return SIZE_FORM
-        low = next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
-        high = next((m.le for m in info.metadata if isinstance(m, annotated_types.Le)), None)
+        low = next((m.ge for m in constraints if isinstance(m, annotated_types.Ge)), None)
+        high = next((m.le for m in constraints if isinstance(m, annotated_types.Le)), None)
         if low is not None and high is not None:
             return f"a whole number from {low} to {high}"
         if low is not None:
@@ -168,7 +187,7 @@ def accepted_form(info: FieldInfo) -> str:
         return "a whole number"
     if kind is Path:
         return "a path"
-    if any(isinstance(m, annotated_types.MinLen) for m in info.metadata):
+    if any(isinstance(m, annotated_types.MinLen) for m in constraints):
         return "a non-empty text"
     return "a text"
 

@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
 
 
 def utcnow() -> datetime:
@@ -119,3 +119,9 @@ def parse_duration(value: Any) -> timedelta:
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 """A non-negative duration from `30s`, `5m`, `1h` or plain seconds, at most 100 years."""
+
+PositiveDuration = Annotated[timedelta, BeforeValidator(parse_duration), Field(gt=timedelta(0))]
+"""A `Duration` of more than 0: a lease TTL, an interval, a delay, a budget. Zero was taken and
+did harm without a word (a clocks review): a TTL of 0 parked every run, a transient delay of 0
+became nats-py's plain nak (no delay) and spent a run's deliveries in milliseconds, an interval
+of 0 refreshed leases back to back."""

@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings
 from engine.config import EngineSettings
 from publisher.config import WireSettings
 from runner.cli.errors import EXIT_USAGE, exit_code_for, fail
+from runner.config import RunnerSettings
 from store.settings import RunfleetSettings, SettingsInvalid, env_name
 from store.sizes import parse_size
 
@@ -140,7 +141,55 @@ RELATIONS = [
         ("DUPLICATE_WINDOW", "SWEEPER_GRACE", "SWEEPER_INTERVAL"),
         "90s",
     ),
+    (
+        RunnerSettings,
+        {"RUNFLEET_TRANSIENT_DELAY": "20m"},
+        ("TRANSIENT_DELAY", "TRANSIENT_DELAY_CAP"),
+        "10m",
+    ),
 ]
+
+POSITIVE = [
+    (EngineSettings, "LEASE_TTL"),
+    (EngineSettings, "LEASE_INTERVAL"),
+    (EngineSettings, "LEASE_LOSS_MARGIN"),
+    (EngineSettings, "NODE_CANCEL_BUDGET"),
+    (EngineSettings, "TEARDOWN_BUDGET"),
+    (EngineSettings, "SCRATCH_BANK_BUDGET"),
+    (EngineSettings, "POST_ENGINE_BUDGET"),
+    (WireSettings, "LEASE_TTL"),
+    (WireSettings, "ACK_WAIT"),
+    (WireSettings, "DUPLICATE_WINDOW"),
+    (WireSettings, "PUBLISH_TIMEOUT"),
+    (WireSettings, "PUBLISH_RETRY_BUDGET"),
+    (WireSettings, "SWEEPER_GRACE"),
+    (WireSettings, "SWEEPER_INTERVAL"),
+    (RunnerSettings, "TRANSIENT_DELAY"),
+    (RunnerSettings, "TRANSIENT_DELAY_CAP"),
+    (RunnerSettings, "FETCH_TIMEOUT"),
+    (RunnerSettings, "LAGGING_DELAY"),
+    (RunnerSettings, "UNSUPPORTED_SCHEMA_DELAY"),
+    (RunnerSettings, "DRAIN_NAK_DELAY"),
+    (RunnerSettings, "HEALTHY_WITHIN"),
+]
+"""A lease, an interval, a delay or a budget of 0 was taken and did harm without a word (a
+clocks review): a TTL of 0 parked every run, a transient delay of 0 became a plain nak that
+spent a run's deliveries in milliseconds, a loss margin of 0 was replaced by TTL/6."""
+
+
+@pytest.mark.parametrize(
+    ("model", "name"), POSITIVE, ids=[f"{m.__name__}-{n}" for m, n in POSITIVE]
+)
+def test_a_lease_interval_delay_or_budget_of_zero_is_refused_naming_its_variable(
+    model: type[BaseSettings], name: str, clean_env: pytest.MonkeyPatch
+) -> None:
+    clean_env.setenv(f"RUNFLEET_{name}", "0s")
+    with pytest.raises(SettingsInvalid) as caught:
+        model()
+    assert caught.value.names == (f"RUNFLEET_{name}",)
+    assert f"RUNFLEET_{name}='0s' is not accepted: expected a positive duration" in (
+        caught.value.message
+    )
 
 
 @pytest.mark.parametrize(("model", "env", "names", "hint"), RELATIONS)
