@@ -18,6 +18,10 @@ NEXT_STEP: dict[str, str] = {
     " then resume it",
     "queued": "it is already queued: follow it with `runfleet events RUN --follow`, or cancel"
     " it (`runfleet cancel RUN`) first",
+    "running, no runner holds it": "no runner holds it (its lease expired or was released):"
+    " the sweeper republishes such a run within its interval plus its grace (≈ 90 s); if it"
+    " stays so, `runfleet cancel RUN` then `runfleet resume RUN` runs it again from its"
+    " checkpoint",
     "running": "it is already running: follow it with `runfleet events RUN --follow`, or cancel"
     " it (`runfleet cancel RUN`) first",
 }

@@ -9,6 +9,7 @@ source, a forsaken scratch. Consents themselves are never written anywhere but `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from store import (
     RunDocument,
     RunStatus,
     WorkflowRef,
+    lease_is_free,
     utcnow,
 )
 from store.status import OPERATOR_RESUMABLE
@@ -72,6 +74,10 @@ def scratch_problem(run: RunDocument) -> str | None:
 
 def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
     if run.status not in OPERATOR_RESUMABLE:
+        if run.status is RunStatus.RUNNING and lease_is_free(run, utcnow(), timedelta(0)):
+            # Nothing holds it: say how it moves again (a disk-full drill found runs left so
+            # for good, and "it is already running" named no way out).
+            raise RunNotResumable(run.run_id, "running, no runner holds it")
         raise RunNotResumable(run.run_id, run.status)
     answers: dict[str, Any] = {}
     pending = (run.checkpoint.pending_interaction if run.checkpoint else None) or None

@@ -14,7 +14,12 @@ class NatsUnavailable(RunfleetError, code="nats_unavailable"):
 class NatsTimeout(NatsUnavailable, code="nats_timeout"):
     """A NATS request got no answer in time (CLI exit code 4)."""
 
-    remedy = "check that NATS is up and not overloaded, then retry"
+    remedy = (
+        "check that NATS is up and not overloaded, and that its JetStream directory's disk is"
+        " not full (its log says `no space left on device`; once space is freed, restart the"
+        " server: under `runfleet up`, kill its nats-server and `up` starts it again), then"
+        " retry"
+    )
 
 
 class JetStreamUnavailable(NatsUnavailable, code="jetstream_unavailable"):

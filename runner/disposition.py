@@ -216,17 +216,20 @@ async def _park(
     if current.cancel_requested:  # an operator's cancel beats the outcome: no record at all
         await writer.write_cancelled()  # `run_cancelled` rides with it
         return Plan("ack", reason="cancelled")
-    record = await svc.dlq.put(
-        seq=info.stream_seq,
-        body=delivery.data,
-        headers=delivery.headers,
-        reason="retries_exhausted",
-        detail=f"{outcome.code}: {outcome.error}",
-        run_id=execution.run_id,
-        attempt=execution.run_doc.attempt,
-        num_delivered=info.num_delivered,
-        runner=svc.owner,
-    )
+    try:
+        record = await svc.dlq.put(
+            seq=info.stream_seq,
+            body=delivery.data,
+            headers=delivery.headers,
+            reason="retries_exhausted",
+            detail=f"{outcome.code}: {outcome.error}",
+            run_id=execution.run_id,
+            attempt=execution.run_doc.attempt,
+            num_delivered=info.num_delivered,
+            runner=svc.owner,
+        )
+    except Exception as exc:  # noqa: BLE001 - JetStream refused it: the run must not vanish
+        return await _unparkable(execution, events, outcome, exc)
     parked = events.draft("run_dlq_parked", reason=record.reason, record_id=record.id)
     try:
         doc = await writer.write_status(
@@ -251,6 +254,39 @@ async def _park(
         outcome.code,
     )
     return Plan("ack", reason="dlq_parked", record_id=record.id)
+
+
+async def _unparkable(
+    execution: Execution, events: EventLog, outcome: Failed, exc: Exception
+) -> Plan:
+    """The last delivery's DLQ record could not be written (JetStream's disk full, found by a
+    disk-full drill). The run is not left as it was: its nak would end the message's
+    deliveries, the max-deliveries advisory went unstored on the same full disk, so the
+    backstop never heard of it and the sweeper saw a message still there — the run stayed
+    `running` with no lease for good, and `resume` refused it as running.
+
+    So the failure is written as it is (`failed_resumable` with its transient code, which a
+    person can resume and `status` shows) with a `run_dlq_unavailable` event saying why it
+    was not parked, and the delivery is acked: once the message is gone, the sweeper
+    republishes the run as a new delivery (SPEC §5.9), as for a busy run at its last delivery
+    (§5.2 step 5). A store that refuses this write too is the nak of `_write_status`."""
+    log.error(
+        "run %s: its last delivery could not be dead-lettered (%r); left failed_resumable %s"
+        " for the sweeper to republish",
+        execution.run_id,
+        exc,
+        outcome.code,
+    )
+    unavailable = events.draft("run_dlq_unavailable", code=outcome.code, error=repr(exc)[:500])
+    doc = await execution.writer.write_status(
+        RunStatus.FAILED_RESUMABLE,
+        failure_code=outcome.code,
+        error=outcome.error,
+        events=[unavailable],
+    )
+    if doc.status is RunStatus.CANCELLED:  # `run_cancelled` rode instead
+        return Plan("ack", reason="cancelled")
+    return Plan("ack", reason="dlq_unavailable")
 
 
 async def _withdraw(svc: RunnerServices, record_id: int) -> None:

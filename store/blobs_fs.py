@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import errno
 import os
 import shutil
 import stat as stat_mod
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from store.blobkeys import RESERVED_PREFIX, validate_key, validate_prefix
-from store.errors import BlobKeyInvalid, BlobNotFound, StoreError
+from store.errors import BlobKeyInvalid, BlobNotFound, StoreError, StoreUnavailable
 from store.protocols import BlobInfo
 from store.timeutil import from_ms
 
@@ -212,6 +213,19 @@ def local_errors(what: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # The disk is full: the store works again once space is freed (a disk-full
+            # drill: `upload` said `store_error`, exit 1, with no remedy).
+            raise StoreUnavailable(
+                f"{what}: {exc}",
+                remedy="free space on the disk holding the blob store (`df -h`), then retry",
+            ) from exc
+        if exc.errno == errno.EROFS:
+            raise StoreUnavailable(
+                f"{what}: {exc}",
+                remedy="the blob store's disk is read-only (remounted after an error?): check"
+                " the kernel log and remount it writable, then retry",
+            ) from exc
         raise StoreError(f"{what}: {exc}") from exc
 
 

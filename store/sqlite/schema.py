@@ -116,6 +116,20 @@ def translate(exc: sqlite3.Error, path: Path) -> StoreError:
         return StoreUnavailable(f"SQLite store {path}: {exc}")
     if primary in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
         return StoreCorrupt(f"SQLite store {path} is corrupt: {exc}")
+    if primary == sqlite3.SQLITE_FULL:
+        # The disk is full: nothing is wrong with the store, and it works again once space
+        # is freed (a disk-full drill: `error [store_error]`, exit 1, no remedy).
+        return StoreUnavailable(
+            f"SQLite store {path}: {exc}",
+            remedy=f"free space on the disk holding {path.parent} (`df -h {path.parent}`;"
+            " `runfleet gc` itself needs a little to delete runs), then retry",
+        )
+    if primary in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR):
+        return StoreUnavailable(
+            f"SQLite store {path}: {exc}",
+            remedy=f"make {path} and its directory writable by this user (a disk remounted"
+            " read-only after an error needs checking first: see the kernel log), then retry",
+        )
     return StoreError(f"SQLite store {path}: {exc}")
 
 

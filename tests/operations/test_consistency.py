@@ -45,6 +45,26 @@ async def test_resume_and_rewind_of_a_finished_run_refuse_with_one_remedy_that_a
     assert "rewound" not in str(resumed.value.remedy).replace("neither resumed nor rewound", "")
 
 
+async def test_resume_of_a_running_run_no_runner_holds_names_the_way_out(env: Env) -> None:
+    """A run left `running` with its lease expired (a disk-full drill left some so for good):
+    "it is already running" named no way out; the refusal says nothing holds it and how it
+    moves again. A run a runner holds keeps the plain answer."""
+    expired = Lease(owner="r", token="t", attempt=1, expires_at=utcnow() - timedelta(minutes=5))
+    orphan = await put_run(env.store, status=RunStatus.RUNNING, lease=expired)
+    held = Lease(owner="r", token="u", attempt=1, expires_at=utcnow() + timedelta(minutes=5))
+    busy = await put_run(env.store, status=RunStatus.RUNNING, lease=held)
+
+    with pytest.raises(RunNotResumable) as orphaned:
+        await ops.resume(env, orphan.run_id, ResumeRequest())
+    with pytest.raises(RunNotResumable) as running:
+        await ops.resume(env, busy.run_id, ResumeRequest())
+
+    assert "no runner holds it" in orphaned.value.message
+    remedy = str(orphaned.value.remedy)
+    assert "`runfleet cancel RUN` then `runfleet resume RUN`" in remedy
+    assert running.value.remedy == NEXT_STEP["running"]
+
+
 async def test_resume_of_a_failed_run_points_at_a_rewind_that_is_then_allowed(env: Env) -> None:
     failed = await put_run(env.store, status=RunStatus.FAILED)
 

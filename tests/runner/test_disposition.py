@@ -14,9 +14,10 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from engine.local import new_run_id
-from publisher.dlq import DlqRecord
+from publisher.dlq import DlqRecord, DlqStore
 from publisher.errors import RecordNotFound
 from runner.runner import Runner
+from runner.sweeper import Sweeper
 from store import (
     CasConflict,
     Condition,
@@ -238,6 +239,49 @@ async def test_transient_code_at_the_last_delivery_is_dead_lettered_before_it_pa
 
     await eventually(message_gone)
     assert calls(gates, run.run_id) == [1, 1]
+
+
+async def test_a_last_delivery_whose_dlq_record_cannot_be_written_is_left_resumable_and_republished(
+    small_fleet: Fleet, gates: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JetStream's disk is full: the DLQ record of the last delivery is refused, and so is the
+    max-deliveries advisory the backstop would have parked the run from. The run was nak'd and
+    left `running` with no lease for good (`resume`: "already running"; a disk-full drill).
+    It is written `failed_resumable` with its code and a `run_dlq_unavailable` event, the
+    delivery is acked, and the sweeper republishes it as a new delivery."""
+    fleet = small_fleet
+
+    async def disk_full(*args: Any, **kwargs: Any) -> DlqRecord:
+        raise nats.errors.TimeoutError  # what a publish to a full JetStream answers
+
+    monkeypatch.setattr(DlqStore, "put", disk_full)
+    runner = await fleet.start_runner(sweeper=False, backstop=False)
+    run = await launch_flaky(fleet, gates, code="SANDBOX_LOST", failures=2)
+    seq = run.publication.stream_seq if run.publication else 0
+
+    async def settled() -> RunDocument | None:
+        doc = await fleet.store.get_run(run.run_id)
+        return doc if doc.status is S.FAILED_RESUMABLE and doc.lease is None else None
+
+    await reaches(runner, "ack", "dlq_unavailable")
+    left = await eventually(settled)
+    assert (left.failure_code, left.attempt) == ("SANDBOX_LOST", 1)
+    [event] = await events_of(fleet, run.run_id, "run_dlq_unavailable")
+    assert event.data["code"] == "SANDBOX_LOST"
+    assert await eventually(lambda: gone(fleet, seq))
+    assert calls(gates, run.run_id) == [1, 1]
+
+    assert runner.svc is not None
+    sweeper = Sweeper(runner.svc)
+
+    async def republished() -> bool:
+        await sweeper.sweep_once(force=True)
+        doc = await fleet.store.get_run(run.run_id)
+        return doc.publication is not None and doc.publication.stream_seq != seq
+
+    await eventually(republished, within=15)
+    finished = await fleet.wait_status(run.run_id, "finished")
+    assert finished.attempt == 1  # a new delivery of the same attempt, not a new attempt
 
 
 async def test_dead_letter_body_over_256_kib_goes_to_the_blob_store(fleet: Fleet) -> None:
