@@ -59,6 +59,10 @@ def hold_data_dir(data: Path) -> Iterator[int]:
             # proves nothing. The fleet's processes still hold the old one (found by an
             # operator walkthrough: a second `up` then started on the same data dir).
             raise FleetAlreadyRunning(data, None, stranded, lock_deleted=True)
+        if unlocked := _servers_on(data):
+            # An `up` of a build before this lock ran on the dir (an upgrade walkthrough: the
+            # new `up` started a second nats-server on the same JetStream store).
+            raise FleetAlreadyRunning(data, None, unlocked, servers=unlocked, unlocked=True)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
@@ -114,3 +118,21 @@ def _is_nats_server(pid: int) -> bool:
         return b"nats-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+def _servers_on(data: Path) -> tuple[int, ...]:
+    """The nats-servers whose command line names a path under `data` (their JetStream store,
+    `-sd DATA/nats/jetstream`, relative to their working directory if it is relative),
+    whoever started them (Linux `/proc`; elsewhere none)."""
+    root = data.resolve()
+    found: list[int] = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            args = [os.fsdecode(a) for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+            if not args or "nats-server" not in Path(args[0]).name:
+                continue
+            cwd = Path(os.readlink(proc / "cwd"))
+            paths = [Path(a) for a in args[1:] if "/" in a and "://" not in a]
+            if any((cwd / path).resolve().is_relative_to(root) for path in paths):
+                found.append(int(proc.name))
+    return tuple(sorted(found))

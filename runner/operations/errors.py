@@ -83,9 +83,15 @@ class FleetAlreadyRunning(Refusal, code="fleet_already_running"):
         *,
         lock_deleted: bool = False,
         servers: Sequence[int] = (),
+        unlocked: bool = False,
     ) -> None:
         pids = " ".join(str(p) for p in orphans)
-        if lock_deleted:
+        if unlocked:
+            # A server on this dir's JetStream store that holds no lock: an `up` of a build
+            # before the lock (ADR-0018), or a server started by hand (an upgrade walkthrough).
+            who = f"a nats-server on its JetStream store that holds no up.lock: pids {pids}"
+            stop = f"stopping that fleet, or `kill {pids}` once its runners are stopped"
+        elif lock_deleted:
             who = f"its processes still hold {data}/up.lock, which was deleted: pids {pids}"
             stop = f"`kill {pids}` (never delete up.lock)"
         elif orphans:

@@ -173,6 +173,7 @@ class MongoRunStore(MongoEvents, MongoRecords):
                 if latest is not None and _holds(latest, narrow_set["$set"]):
                     return self._run(latest)
         now_ms = to_ms(utcnow())
+        paths = (*update.set, *update.unset)  # where an unknown field is a misspelling
         stored = Update(
             set={path: to_storage(value) for path, value in update.set.items()},
             unset=update.unset,
@@ -194,7 +195,8 @@ class MongoRunStore(MongoEvents, MongoRecords):
             if not matches(current, conditions):
                 break
             new = apply_update(current, stored, now_ms)
-            decode(RunDocument, new, what="run update", ident=run_id)  # refuse before writing
+            # refused before writing; an unknown field where the update writes is refused
+            decode(RunDocument, new, what="run update", ident=run_id, written=paths)
             if not ops:
                 return self._run(current)
             flt = {"$and": [*guard, {"version": current.get("version")}]}

@@ -272,6 +272,7 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
             # Nothing changed: the conditions do not hold, the run is gone, or its text is one
             # the JSON functions would rewrite. The general path answers each as before.
         columns = changed_columns(update)
+        paths = (*update.set, *update.unset)  # where an unknown field is a misspelling
         sql = (
             "UPDATE runs SET " + "".join(f"{c} = ?, " for c in columns) + "doc = ? WHERE run_id = ?"
         )
@@ -288,7 +289,7 @@ class SqliteRunStore(SqliteEvents, SqliteRecords):
             new = apply_update(current, update, now_ms)
             # Validated before writing (a write that would store an invalid run is refused),
             # and that model is the answer: the document is not parsed twice.
-            doc = decode(RunDocument, new, what="run update", ident=run_id)
+            doc = decode(RunDocument, new, what="run update", ident=run_id, written=paths)
             text = dumps(new)
             args = (*(column_value(new, c) for c in columns), text, run_id)
             return _Judged(doc, args, now_ms, text)

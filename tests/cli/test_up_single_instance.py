@@ -18,6 +18,7 @@ import pytest
 
 from publisher.config import UP_LOCK_FILE
 from runner.embedded import EmbeddedFleet
+from runner.localnats import NatsServer
 from store.url import open_store
 from tests.cli.conftest import (
     Up,
@@ -212,3 +213,25 @@ def test_a_deleted_lock_file_under_a_running_fleet_still_refuses_a_second_up(
         assert running.proc.poll() is None  # the running fleet is untouched
     finally:
         stop_cleanly(running)
+
+
+@pytest.mark.usefixtures("own_nats")
+def test_a_nats_server_on_the_dirs_jetstream_store_without_the_lock_refuses_a_second_up(
+    tmp_path: Path,
+) -> None:
+    """An `up` of a build before the lock (ADR-0018) holds none: the new `up` started a second
+    nats-server on the same JetStream store and took `nats.url` (an upgrade walkthrough). A
+    nats-server whose store is under the data dir refuses the new `up`, naming it."""
+    data = tmp_path / "data"
+    old = NatsServer(data / "nats")  # as the old `up` started it: `-sd DATA/nats/jetstream`
+    old.start()
+    try:
+        refused = run_up(data, {k: v for k, v in os.environ.items()})
+
+        assert refused.returncode == 3, refused.stderr
+        assert "error [fleet_already_running]" in refused.stderr
+        assert f"holds no up.lock: pids {old.pid}" in refused.stderr
+        assert old.running
+        assert not (data / "nats.url").exists()
+    finally:
+        old.stop()

@@ -576,6 +576,40 @@ async def test_a_listing_names_a_run_that_does_not_validate_and_lists_every_othe
     assert [r.run_id for r in rest.runs] == [after.run_id] and rest.unreadable == []
 
 
+async def test_a_document_a_newer_build_wrote_reads_without_the_fields_this_build_does_not_know(
+    run_store: RunStore, make_run: MakeRun, store_backend: Backend
+):
+    """A rollback met every record a newer build had written with a field it added as invalid
+    (staged uploads' `claimed_by`), and the older sweeper, `gc` and `launch --attach` failed on
+    them for good (an upgrade walkthrough). Unknown fields, top-level or nested, are read
+    without; a narrow write keeps them for the newer build; a known field of the wrong shape is
+    still refused."""
+    doc = make_run(lease=lease("t", utcnow() + timedelta(seconds=30)))
+    raw = encode(doc)
+    raw["added_by_a_newer_build"] = {"any": ["shape"]}
+    raw["lease"]["also_new"] = 1
+    await store_backend.put_raw_run(raw)
+
+    read = await run_store.get_run(doc.run_id)
+    assert read == doc
+    assert [r.run_id for r in (await run_store.list_runs(RunQuery(tenant="default"))).runs] == [
+        doc.run_id
+    ]
+    written = await run_store.update_run(
+        doc.run_id, [Eq("version", doc.version)], Update(set={"error": "noted"})
+    )
+    assert isinstance(written, RunDocument) and written.error == "noted"
+    stored = await store_backend.get_raw_run(doc.run_id)
+    assert stored is not None and stored["added_by_a_newer_build"] == {"any": ["shape"]}
+
+    broken = encode(make_run())
+    broken["unknown"] = 1
+    broken["attempt"] = "not-a-number"
+    await store_backend.put_raw_run(broken)
+    with pytest.raises(DocumentInvalid):
+        await run_store.get_run(broken["run_id"])
+
+
 # -- queries -----------------------------------------------------------------------------------
 
 
