@@ -359,3 +359,63 @@ async def test_listings_by_status_and_tenant_have_indexes_that_page_by_id() -> N
     assert [("status", 1), ("_id", 1)] in keys
     assert [("tenant", 1), ("_id", 1)] in keys
     assert [("tenant", 1), ("status", 1), ("_id", 1)] in keys
+
+
+async def test_a_write_whose_events_cannot_be_copied_keeps_them_for_the_next_reader(
+    faulty: Faulty,
+) -> None:
+    """The document write and the events' `insert_many` were two writes: a process that died
+    between them, or whose insert failed, lost the events for good, and the write raised after
+    its state had changed, so its caller's retry wrote them twice. The events ride in the
+    CAS's own document write and are copied out after: a failed copy leaves them for the next
+    reader (another process here), in order, once."""
+    writer = MongoRunStore(faulty, retry_attempts=1)  # type: ignore[arg-type]
+    doc = await writer.create_run(_run(), events=[EventDraft("run_launched", {})])
+    faulty["events"].before["insert_many"] = 1  # the copy fails: as if the writer died there
+    faulty["events"].before["insert_one"] = 2
+
+    done = await writer.update_run(
+        doc.run_id,
+        [Eq("version", 1)],
+        Update(set={"error": "x"}),
+        events=[EventDraft("node_started", {}), EventDraft("node_finished", {})],
+    )
+
+    assert isinstance(done, RunDocument) and done.version == 2  # the write is not a failure
+    reader = MongoRunStore(faulty)  # type: ignore[arg-type]  # another process
+    assert [(e.seq, e.type) for e in await reader.read_events(doc.run_id)] == [
+        (1, "run_launched"),
+        (2, "node_started"),
+        (3, "node_finished"),
+    ]
+    raw = await faulty["runs"].find_one({"_id": doc.run_id})
+    assert not raw.get("_pending_events")
+    assert await reader.get_run(doc.run_id) == done
+
+
+async def test_events_left_by_a_dead_writer_go_before_the_next_writes_own(faulty: Faulty) -> None:
+    writer = MongoRunStore(faulty, retry_attempts=1)  # type: ignore[arg-type]
+    doc = await writer.create_run(_run())
+    faulty["events"].before["insert_many"] = 1
+    faulty["events"].before["insert_one"] = 2
+    await writer.update_run(
+        doc.run_id,
+        [Eq("version", 1)],
+        Update(set={"error": "x"}),
+        events=[EventDraft("node_started", {}), EventDraft("node_failed", {})],
+    )
+
+    adopter = MongoRunStore(faulty)  # type: ignore[arg-type]
+    await adopter.update_run(
+        doc.run_id,
+        [Eq("version", 2)],
+        Update(set={"error": "y"}),
+        events=[EventDraft("run_claimed", {}), EventDraft("node_started", {})],
+    )
+
+    assert [e.type for e in await adopter.read_events(doc.run_id)] == [
+        "node_started",
+        "node_failed",
+        "run_claimed",
+        "node_started",
+    ]
