@@ -7,6 +7,7 @@ Nodes are at-least-once: a crash mid-node re-runs it on the next execution.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import importlib
 import inspect
@@ -244,8 +245,12 @@ async def run_call(
             # A plain function runs on a thread of its own: blocking code in it (`time.sleep`, a
             # blocking client) would otherwise stall the runner's loop, its lease refreshes and
             # every other run on it (found by a walkthrough: leases lost, the call run again).
+            # It runs in a copy of the caller's context, as `asyncio.to_thread` does: a tracing
+            # span or a context variable the runner set is what the function sees (the thread
+            # saw none, and the protocol model's checks of a node's start were skipped).
             loop = asyncio.get_running_loop()
-            value = await loop.run_in_executor(_call_threads(), functools.partial(fn, ctx, inputs))
+            call = functools.partial(contextvars.copy_context().run, fn, ctx, inputs)
+            value = await loop.run_in_executor(_call_threads(), call)
             if inspect.isawaitable(value):
                 value = await value
     except (Transient, Permanent) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import sys
 import time
 from typing import Any
@@ -72,3 +73,11 @@ async def claims_code(ctx: CallContext, inputs: dict[str, Any]) -> dict[str, Any
 
 async def wrong_arity(ctx: CallContext) -> dict[str, Any]:
     return {}
+
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
+"""A context variable the caller set (a tracing span, a request id)."""
+
+
+def reads_context(ctx: CallContext, inputs: dict[str, Any]) -> dict[str, Any]:
+    return {"request_id": REQUEST_ID.get()}

@@ -155,3 +155,17 @@ async def test_a_function_that_cannot_be_called_so_is_workflow_invalid(
     doc = await run(env, one_call(function))
     assert (doc.status, doc.failure_code) == (RunStatus.FAILED, FailureCode.WORKFLOW_INVALID)
     assert doc.error is not None and said in doc.error
+
+
+async def test_a_plain_function_sees_the_context_variables_of_the_run_that_calls_it(
+    env: LocalEnv,
+) -> None:
+    """A plain `def` runs on the call threads (ADR-0022), in a copy of the caller's context as
+    `asyncio.to_thread` runs its functions: the thread saw none of it (a tracing span, a
+    request id), and the protocol model's checks of a node's start were silently skipped."""
+    from tests.engine.call_misfits import REQUEST_ID
+
+    REQUEST_ID.set("req-42")
+    doc = await run(env, one_call("reads_context"))
+    assert doc.status is RunStatus.FINISHED, doc.error
+    assert doc.checkpoint is not None and doc.checkpoint.outputs["c"] == {"request_id": "req-42"}

@@ -64,6 +64,9 @@ NODE_RESULTS = ["ok"] * 8 + ["ask", "no", "transient", "infra", "permanent", "am
 """Mostly `ok`, so runs get somewhere; `ok` first, so a failing example shrinks towards it."""
 
 
-def node(ctx: CallContext, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Every call node of the model's workflow: hypothesis draws how it ends."""
+async def node(ctx: CallContext, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Every call node of the model's workflow: hypothesis draws how it ends. An `async def`,
+    so it runs on the machine's loop: a plain `def` runs on the call threads (ADR-0022), where
+    its draws raced the loop's and an example did not replay the same (hypothesis
+    `FlakyStrategyDefinition`, seen since the twenty-second pass)."""
     return _current().run_node(ctx)
