@@ -67,8 +67,12 @@ class LeaseKeeper:
         self.last_refresh_s = 0.0
         self._stop = asyncio.Event()
         self._waiter: asyncio.Future[None] | None = None
-        self._held_until = held_clock() + (expires_at - utcnow()).total_seconds()
+        now, own = utcnow(), held_clock()
+        self._held_until = own + (expires_at - now).total_seconds()
         """`expires_at` on `held_clock`: what this holder believes whatever the wall clock does."""
+        self._offset = now.timestamp() - own
+        """Wall clock minus own clock at the start: a refresh that finds it moved by more than
+        the skew knows the wall clock was stepped (`_stepped`)."""
         cancel.lease_left = self.seconds_left  # what starts work asks it (`lease_spent`)
 
     def stop(self) -> None:
@@ -146,6 +150,20 @@ class LeaseKeeper:
         """One beat. False when the lease is lost (the cancel signal says so)."""
         backoff = 0.05
         while True:
+            if (step := self._stepped()) is not None:
+                # The expiry this refresh would write comes from a wall clock that jumped:
+                # stepped back, it would write an expiry the other hosts already read as
+                # expired while this holder believed it held the lease (a review of the
+                # clocks fix). The lease is given up; a redelivery takes the run on.
+                log.error(
+                    "run %s: this host's wall clock was stepped by %+.1fs; lease %s given up",
+                    self.run_id,
+                    step,
+                    self.token,
+                )
+                self._trouble("lost")
+                self.cancel.cancel(CancelReason.LEASE_LOST)
+                return False
             new_expiry = utcnow() + self.timing.ttl
             sent = held_clock()
             started = time.monotonic()
@@ -187,6 +205,12 @@ class LeaseKeeper:
             if result.cancel_requested:
                 self.cancel.cancel(CancelReason.OPERATOR)
             return True
+
+    def _stepped(self) -> float | None:
+        """How far the wall clock moved against the own clock since the start, when that is
+        more than the skew the fleet allows between hosts; else None."""
+        drift = (utcnow().timestamp() - held_clock()) - self._offset
+        return drift if abs(drift) > self.timing.skew.total_seconds() else None
 
     def _trouble(self, outcome: str) -> None:
         if self.on_trouble is not None:

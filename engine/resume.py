@@ -72,9 +72,15 @@ def scratch_problem(run: RunDocument) -> str | None:
     return None
 
 
+_LAPSED = timedelta(seconds=10)
+"""How long past its expiry a lease must be before a refusal calls the run held by no runner:
+more than any skew between hosts, so a live lease read on a clock a little ahead is not
+called lapsed (and its run cancelled on that advice; a review)."""
+
+
 def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
     if run.status not in OPERATOR_RESUMABLE:
-        if run.status is RunStatus.RUNNING and lease_is_free(run, utcnow(), timedelta(0)):
+        if run.status is RunStatus.RUNNING and lease_is_free(run, utcnow(), _LAPSED):
             # Nothing holds it: say how it moves again (a disk-full drill found runs left so
             # for good, and "it is already running" named no way out).
             raise RunNotResumable(run.run_id, "running, no runner holds it")

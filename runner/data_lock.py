@@ -121,9 +121,10 @@ def _is_nats_server(pid: int) -> bool:
 
 
 def _servers_on(data: Path) -> tuple[int, ...]:
-    """The nats-servers whose command line names a path under `data` (their JetStream store,
-    `-sd DATA/nats/jetstream`, relative to their working directory if it is relative),
-    whoever started them (Linux `/proc`; elsewhere none)."""
+    """The nats-servers whose JetStream store (`-sd DIR`, `--store_dir DIR`, or `=DIR`) is
+    under `data`, relative to their working directory if it is relative, whoever started
+    them (Linux `/proc`; elsewhere none). Only the store's flag counts: a config file or a
+    log under a data dir such as `$HOME` is no fleet (a review)."""
     root = data.resolve()
     found: list[int] = []
     for proc in Path("/proc").glob("[0-9]*"):
@@ -132,7 +133,18 @@ def _servers_on(data: Path) -> tuple[int, ...]:
             if not args or "nats-server" not in Path(args[0]).name:
                 continue
             cwd = Path(os.readlink(proc / "cwd"))
-            paths = [Path(a) for a in args[1:] if "/" in a and "://" not in a]
-            if any((cwd / path).resolve().is_relative_to(root) for path in paths):
+            if any((cwd / store).resolve().is_relative_to(root) for store in _store_dirs(args)):
                 found.append(int(proc.name))
     return tuple(sorted(found))
+
+
+def _store_dirs(args: list[str]) -> list[str]:
+    found: list[str] = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in ("-sd", "--sd", "-store_dir", "--store_dir"):
+            if eq:
+                found.append(value)
+            elif i + 1 < len(args):
+                found.append(args[i + 1])
+    return found

@@ -265,14 +265,16 @@ async def _unparkable(
     backstop never heard of it and the sweeper saw a message still there — the run stayed
     `running` with no lease for good, and `resume` refused it as running.
 
-    So the failure is written as it is (`failed_resumable` with its transient code, which a
-    person can resume and `status` shows) with a `run_dlq_unavailable` event saying why it
-    was not parked, and the delivery is acked: once the message is gone, the sweeper
-    republishes the run as a new delivery (SPEC §5.9), as for a busy run at its last delivery
-    (§5.2 step 5). A store that refuses this write too is the nak of `_write_status`."""
+    So it is parked as a record would have parked it (`failed_resumable` `DLQ_PARKED`, its
+    code as the cause, SPEC §5.6's last-delivery row), without the record, and a
+    `run_dlq_unavailable` event says why; the delivery is acked. It waits for an operator's
+    `resume` (`status` says so: "no DLQ record left"), and nothing retries it by itself: left
+    auto-resumable, the sweeper republished it with a fresh set of deliveries every cycle for
+    as long as the DLQ refused (a review of this fix). A store that refuses this write too is
+    the nak of `_write_status`."""
     log.error(
-        "run %s: its last delivery could not be dead-lettered (%r); left failed_resumable %s"
-        " for the sweeper to republish",
+        "run %s: its last delivery could not be dead-lettered (%r); parked DLQ_PARKED (%s)"
+        " without a record: `runfleet resume` it once the cause is fixed",
         execution.run_id,
         exc,
         outcome.code,
@@ -280,8 +282,9 @@ async def _unparkable(
     unavailable = events.draft("run_dlq_unavailable", code=outcome.code, error=repr(exc)[:500])
     doc = await execution.writer.write_status(
         RunStatus.FAILED_RESUMABLE,
-        failure_code=outcome.code,
-        error=outcome.error,
+        failure_code=FailureCode.DLQ_PARKED,
+        error=f"{outcome.error} (not dead-lettered: the DLQ refused its record: {exc!r})"[:2000],
+        cause_code=outcome.code,
         events=[unavailable],
     )
     if doc.status is RunStatus.CANCELLED:  # `run_cancelled` rode instead

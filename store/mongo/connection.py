@@ -42,15 +42,18 @@ _TRANSIENT = (ConnectionFailure,)
 
 DURABLE: dict[str, Any] = {
     "write_concern": WriteConcern("majority", j=True),
-    "read_concern": ReadConcern("majority"),
+    "read_concern": ReadConcern(),
     "read_preference": ReadPreference.PRIMARY,
 }
 """What the store's guarantees need, whatever the URL asks: a claim, a lease or an event
 acknowledged by a majority survives a failover (under w:1 a rolled-back create lost its run
-and a rolled-back claim ran a run twice), reads see only what cannot roll back, and every read
-that feeds a compare-and-set goes to the primary (a `readPreference=secondary` in the URL fed
-stale documents to the CAS). On a single `mongod` a majority is that server. A Mongo store
-review, docs/deploy.md."""
+and a rolled-back claim ran a run twice), and every read that feeds a compare-and-set goes to
+the primary (a `readPreference=secondary` in the URL fed stale documents to the CAS). Reads
+take the server's default read concern (`local`), whatever the URL asks: a `majority` one
+kept the CAS's pre-read on the version before a write not yet majority-committed, and its 50
+tries ended in a conflict that read as a lost lease (a review); the version check fences the
+write either way. On a
+single `mongod` a majority is that server. A Mongo store review, docs/deploy.md."""
 
 
 def durable_database(client: AsyncMongoClient[Doc], name: str | None) -> AsyncDatabase[Doc]:
@@ -264,8 +267,6 @@ class MongoConnection:
     async def ensure_indexes(self) -> None:
         """Idempotent (same specs each time), so every process may run it at start."""
         specs: list[tuple[AsyncCollection[Doc], list[tuple[str, int]], bool]] = [
-            (self._runs, [("status", ASCENDING)], False),
-            (self._runs, [("tenant", ASCENDING)], False),
             # Listings page by `_id` under a status or tenant filter (the sweeper, `gc`, `runs`,
             # the console): without these a page of 1M runs sorted them all (a store review).
             (self._runs, [("status", ASCENDING), ("_id", ASCENDING)], False),

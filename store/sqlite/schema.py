@@ -124,11 +124,17 @@ def translate(exc: sqlite3.Error, path: Path) -> StoreError:
             remedy=f"free space on the disk holding {path.parent} (`df -h {path.parent}`;"
             " `runfleet gc` itself needs a little to delete runs), then retry",
         )
-    if primary in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR):
+    if primary == sqlite3.SQLITE_READONLY:
         return StoreUnavailable(
             f"SQLite store {path}: {exc}",
-            remedy=f"make {path} and its directory writable by this user (a disk remounted"
-            " read-only after an error needs checking first: see the kernel log), then retry",
+            remedy=f"make {path} and its directory writable by this user, then retry",
+        )
+    if primary == sqlite3.SQLITE_IOERR:
+        return StoreUnavailable(
+            f"SQLite store {path}: {exc}",
+            remedy=f"the disk under {path.parent} failed a read or a write (a disk error, or"
+            " a filesystem remounted read-only after one): check the kernel log (`dmesg`)"
+            " and the disk, then retry",
         )
     return StoreError(f"SQLite store {path}: {exc}")
 

@@ -19,6 +19,7 @@ from engine.cancel import CancelSignal
 from engine.config import EngineSettings
 from engine.lease import LeaseKeeper
 from engine.loader import LoadedWorkflow
+from engine.outcome import CancelReason
 from engine.scratch import bank_key, sweep_orphan_banks
 from store import RunStore, utcnow
 from store.blobs_fs import FilesystemBlobStore
@@ -95,6 +96,30 @@ async def test_after_a_refresh_the_holder_believes_the_new_expiry_on_both_clocks
     stored = (await store.get_run(run.run_id)).lease
     assert stored is not None and stored.expires_at == start + timedelta(seconds=50)
     assert keeper.seconds_left() == pytest.approx(25.0)
+
+
+async def test_a_refresh_after_the_wall_clock_was_stepped_gives_the_lease_up(
+    store: RunStore, claim: Claim, load: Load, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stepped back an hour, the wall clock would have the refresh write an expiry every other
+    host reads as long past, while the holder, judging on its own clock too, believed it held
+    the lease for a whole TTL more (a review of the first fix). A refresh that finds the wall
+    clock moved against its own by more than the skew gives the lease up and writes nothing."""
+    settings = EngineSettings()
+    run, token = await claim(load("gate"), settings=settings)
+    assert run.lease is not None
+    cancel = CancelSignal()
+    keeper = LeaseKeeper(
+        store, run.run_id, token, run.lease.expires_at, settings.lease_timing(), cancel
+    )
+    real = engine.lease.utcnow
+    monkeypatch.setattr(engine.lease, "utcnow", lambda: real() - STEP)
+
+    assert not await keeper.refresh_once()
+
+    assert cancel.reason is CancelReason.LEASE_LOST
+    stored = (await store.get_run(run.run_id)).lease
+    assert stored is not None and stored.expires_at == run.lease.expires_at
 
 
 async def test_a_sweeper_whose_clock_runs_ahead_keeps_the_bank_of_the_lease_the_run_holds(

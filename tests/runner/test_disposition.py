@@ -3,8 +3,10 @@ write and one of ack / nak(delay) / DLQ, on a live runner."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from engine.local import new_run_id
+from engine.resume import ResumeRequest
 from publisher.dlq import DlqRecord, DlqStore
 from publisher.errors import RecordNotFound
 from runner.runner import Runner
@@ -241,14 +244,15 @@ async def test_transient_code_at_the_last_delivery_is_dead_lettered_before_it_pa
     assert calls(gates, run.run_id) == [1, 1]
 
 
-async def test_a_last_delivery_whose_dlq_record_cannot_be_written_is_left_resumable_and_republished(
+async def test_a_last_delivery_whose_dlq_record_cannot_be_written_is_parked_without_it(
     small_fleet: Fleet, gates: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """JetStream's disk is full: the DLQ record of the last delivery is refused, and so is the
     max-deliveries advisory the backstop would have parked the run from. The run was nak'd and
     left `running` with no lease for good (`resume`: "already running"; a disk-full drill).
-    It is written `failed_resumable` with its code and a `run_dlq_unavailable` event, the
-    delivery is acked, and the sweeper republishes it as a new delivery."""
+    It is parked `DLQ_PARKED` with its code as the cause and a `run_dlq_unavailable` event,
+    the delivery is acked, nothing retries it by itself (left auto-resumable, the sweeper
+    republished it every cycle while the DLQ refused: a review), and `resume` brings it back."""
     fleet = small_fleet
 
     async def disk_full(*args: Any, **kwargs: Any) -> DlqRecord:
@@ -264,24 +268,34 @@ async def test_a_last_delivery_whose_dlq_record_cannot_be_written_is_left_resuma
         return doc if doc.status is S.FAILED_RESUMABLE and doc.lease is None else None
 
     await reaches(runner, "ack", "dlq_unavailable")
-    left = await eventually(settled)
-    assert (left.failure_code, left.attempt) == ("SANDBOX_LOST", 1)
+    parked = await eventually(settled)
+    assert (parked.failure_code, parked.cause_code, parked.attempt) == (
+        "DLQ_PARKED",
+        "SANDBOX_LOST",
+        1,
+    )
     [event] = await events_of(fleet, run.run_id, "run_dlq_unavailable")
     assert event.data["code"] == "SANDBOX_LOST"
     assert await eventually(lambda: gone(fleet, seq))
-    assert calls(gates, run.run_id) == [1, 1]
-
+    # Past several lease intervals (1 s here), when an auto-resumable run whose message is
+    # gone would be republished, the sweeper leaves a parked one alone.
     assert runner.svc is not None
     sweeper = Sweeper(runner.svc)
-
-    async def republished() -> bool:
+    until = time.monotonic() + 3 * 1.0
+    while time.monotonic() < until:
         await sweeper.sweep_once(force=True)
-        doc = await fleet.store.get_run(run.run_id)
-        return doc.publication is not None and doc.publication.stream_seq != seq
+        after = await fleet.store.get_run(run.run_id)
+        assert (after.failure_code, after.attempt, after.publication) == (
+            "DLQ_PARKED",
+            1,
+            parked.publication,
+        )
+        await asyncio.sleep(0.2)  # the window the sweeper is watched over, not a sync
+    assert calls(gates, run.run_id) == [1, 1]
 
-    await eventually(republished, within=15)
+    await fleet.publisher.resume(run.run_id, ResumeRequest(), tenant="default")
     finished = await fleet.wait_status(run.run_id, "finished")
-    assert finished.attempt == 1  # a new delivery of the same attempt, not a new attempt
+    assert finished.attempt == 2
 
 
 async def test_dead_letter_body_over_256_kib_goes_to_the_blob_store(fleet: Fleet) -> None:
