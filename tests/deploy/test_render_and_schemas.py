@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
-from cloudcoil.models.prometheus_operator.v1 import PodMonitor
+from cloudcoil.models.prometheus_operator.v1 import PodMonitor, PrometheusRule
 from pydantic import BaseModel
 
 from tests.deploy.manifests import BUILDS, Manifest, kubectl_binary, kustomize_build
@@ -32,6 +32,7 @@ CRD_MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): ScaledObject,
     ("keda.sh/v1alpha1", "TriggerAuthentication"): TriggerAuthentication,
     ("monitoring.coreos.com/v1", "PodMonitor"): PodMonitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PrometheusRule,
 }
 
 
@@ -58,6 +59,7 @@ def test_kustomize_renders_the_base_and_each_overlay(
             "PodDisruptionBudget",
             "PodDisruptionBudget",
             "PodMonitor",
+            "PrometheusRule",
             "Role",
             "RoleBinding",
             "ScaledObject",
