@@ -71,8 +71,10 @@ class LeaseKeeper:
         self._held_until = own + (expires_at - now).total_seconds()
         """`expires_at` on `held_clock`: what this holder believes whatever the wall clock does."""
         self._offset = now.timestamp() - own
-        """Wall clock minus own clock at the start: a refresh that finds it moved by more than
-        the skew knows the wall clock was stepped (`_stepped`)."""
+        """Wall clock minus own clock at the start or the last refresh: a refresh that finds it
+        moved by more than the skew since knows the wall clock was stepped (`_stepped`).
+        Re-read at each refresh, so NTP's slewing (up to 0.5 ms a second, 1.8 s an hour)
+        never adds up to a step over a long run."""
         cancel.lease_left = self.seconds_left  # what starts work asks it (`lease_spent`)
 
     def stop(self) -> None:
@@ -164,7 +166,8 @@ class LeaseKeeper:
                 self._trouble("lost")
                 self.cancel.cancel(CancelReason.LEASE_LOST)
                 return False
-            new_expiry = utcnow() + self.timing.ttl
+            wall_now = utcnow()
+            new_expiry = wall_now + self.timing.ttl
             sent = held_clock()
             started = time.monotonic()
             # A refresh that never answers must not hold the lease forever: each try is
@@ -200,6 +203,7 @@ class LeaseKeeper:
                 return False
             self.expires_at = new_expiry
             self._held_until = sent + self.timing.ttl.total_seconds()
+            self._offset = wall_now.timestamp() - sent
             self.refreshes += 1
             self.last_refresh_s = time.monotonic() - started
             if result.cancel_requested:
@@ -207,8 +211,8 @@ class LeaseKeeper:
             return True
 
     def _stepped(self) -> float | None:
-        """How far the wall clock moved against the own clock since the start, when that is
-        more than the skew the fleet allows between hosts; else None."""
+        """How far the wall clock moved against the own clock since the start or the last
+        refresh, when that is more than the skew the fleet allows between hosts; else None."""
         drift = (utcnow().timestamp() - held_clock()) - self._offset
         return drift if abs(drift) > self.timing.skew.total_seconds() else None
 

@@ -122,6 +122,35 @@ async def test_a_refresh_after_the_wall_clock_was_stepped_gives_the_lease_up(
     assert stored is not None and stored.expires_at == run.lease.expires_at
 
 
+async def test_ntp_slewing_over_a_long_run_is_no_step(
+    store: RunStore, claim: Claim, load: Load, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NTP slews a clock by up to 0.5 ms a second: over four hours, 7.2 s against the clock
+    nobody sets, more than the skew. Refreshed every interval, the holder compares only what
+    moved since its last refresh, so a slewed clock never reads as a step."""
+    settings = EngineSettings()
+    run, token = await claim(load("gate"), settings=settings)
+    assert run.lease is not None
+    start, elapsed = utcnow(), [0.0]
+    slew = 0.0005
+    monkeypatch.setattr(
+        engine.lease, "utcnow", lambda: start + timedelta(seconds=elapsed[0] * (1 + slew))
+    )
+    monkeypatch.setattr(engine.lease, "held_clock", lambda: elapsed[0])
+    keeper = LeaseKeeper(
+        store,
+        run.run_id,
+        token,
+        start + settings.lease_ttl,
+        settings.lease_timing(),
+        CancelSignal(),
+    )
+    interval = settings.lease_interval.total_seconds()
+    for _ in range(int(4 * 3600 / interval)):
+        elapsed[0] += interval
+        assert await keeper.refresh_once()
+
+
 async def test_a_sweeper_whose_clock_runs_ahead_keeps_the_bank_of_the_lease_the_run_holds(
     store: RunStore, claim: Claim, load: Load, tmp_path: Path
 ) -> None:
