@@ -10,7 +10,6 @@ same form `store.cas.to_mongo_filter` compares against, so "lease free" means on
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from pymongo import ASCENDING, DESCENDING
@@ -29,16 +28,15 @@ from store.cas import (
     to_storage,
 )
 from store.codec import decode, encode
-from store.errors import DocumentInvalid, RunAlreadyExists, RunNotFound, StoreError
+from store.errors import DocumentInvalid, RunAlreadyExists, RunNotFound
 from store.models import RunDocument, RunStatus
 from store.mongo.connection import Doc
-from store.mongo.events import PENDING, MongoEvents, pending_entries, state_of
+from store.mongo.events import MongoEvents
 from store.mongo.records import MongoRecords
 from store.protocols import EventDraft, RunCopy, RunCopyPage, RunPage, RunQuery, Unreadable
 from store.timeutil import to_ms, utcnow
 
 _CAS_TRIES = 50
-log = logging.getLogger(__name__)
 
 
 def _narrow_op(run_id: str, narrow: NarrowWrite) -> tuple[str, Doc, Doc]:
@@ -119,18 +117,15 @@ class MongoRunStore(MongoEvents, MongoRecords):
     """The MongoDB `RunStore`. Pass a database (tests pass a mongomock-motor one) or `connect()`."""
 
     def _run(self, raw: Doc) -> RunDocument:
-        return decode(RunDocument, state_of(raw), what="run", ident=str(raw.get("_id")))
+        return decode(RunDocument, raw, what="run", ident=str(raw.get("_id")))
 
     async def create_run(
         self, doc: RunDocument, *, events: Sequence[EventDraft] = ()
     ) -> RunDocument:
-        # The events ride in the inserted document (`PENDING`), then are copied to `events`:
-        # a crash in between leaves them for the next reader or writer, never lost.
-        entries = pending_entries(events, utcnow())
-        raw = {**encode(doc), "_id": doc.run_id, **({PENDING: entries} if entries else {})}
-        if not await self._insert("create run", self._runs, raw):
+        if not await self._insert("create run", self._runs, {**encode(doc), "_id": doc.run_id}):
             raise RunAlreadyExists(f"run {doc.run_id!r} already exists")
-        await self._flush_landed(doc.run_id, entries)
+        # Single-document operations: the events follow the insert (one `insert_many`).
+        await self._append_drafts(doc.run_id, events, utcnow())
         return doc
 
     async def get_run(self, run_id: str) -> RunDocument:
@@ -147,31 +142,14 @@ class MongoRunStore(MongoEvents, MongoRecords):
         *,
         events: Sequence[EventDraft] = (),
     ) -> RunDocument | CasConflict:
-        # The events ride in the CAS's own document write (`PENDING`), then are copied to
-        # `events`: a crash or a failed copy in between leaves them for the next reader or
-        # writer, never lost, never written twice (their ids are fixed here).
-        entries = pending_entries(events, utcnow())
-        written = await self._cas(run_id, conditions, update, entries)
+        written = await self._cas(run_id, conditions, update)
         if not isinstance(written, CasConflict):
-            await self._flush_landed(run_id, entries)
+            # Single-document operations: the write's events follow it (one `insert_many`).
+            await self._append_drafts(run_id, events, utcnow())
         return written
 
-    async def _flush_landed(self, run_id: str, entries: Sequence[Doc]) -> None:
-        """The write landed, its events with it: a copy that fails now is not the write's
-        failure. Raising would tell the caller its state change did not happen, and its retry
-        would write the events twice (a Mongo store review); they wait in the document for the
-        next reader or writer instead."""
-        try:
-            await self._flush_pending(run_id, entries)
-        except StoreError as exc:
-            log.warning("run %s: events left in its document for the next copy (%s)", run_id, exc)
-
     async def _cas(
-        self,
-        run_id: str,
-        conditions: Sequence[Condition],
-        update: Update,
-        entries: Sequence[Doc] = (),
+        self, run_id: str, conditions: Sequence[Condition], update: Update
     ) -> RunDocument | CasConflict:
         """Judge on a fresh read, validate the result, then write only if the document is still
         the version judged (and the conditions still hold, for writes that skip the version).
@@ -181,7 +159,7 @@ class MongoRunStore(MongoEvents, MongoRecords):
         would drop it: MongoDB would apply it blindly. Losing to a concurrent write re-judges.
         """
         check_update(conditions, update)
-        narrow = narrow_write(conditions, update) if not entries else None
+        narrow = narrow_write(conditions, update)
         if narrow is not None:
             # A narrow write needs no pre-read: one known field, validated by itself, set where
             # the conditions hold (issue 19, lever 2; ADR-0008 amendment). No match falls
@@ -208,21 +186,15 @@ class MongoRunStore(MongoEvents, MongoRecords):
             ops["$set"] = sets
         if update.unset:
             ops["$unset"] = {path: "" for path in update.unset}
-        if entries:
-            ops["$push"] = {PENDING: {"$each": list(entries)}}
         guard = [_null_safe(c) for c in to_mongo_filter(run_id, conditions)["$and"]]
         current = None
         for _ in range(_CAS_TRIES):
             current = await self._io("read run", self._runs.find_one, {"_id": run_id})
             if current is None:
                 raise RunNotFound(f"no run {run_id!r}")
-            if current.get(PENDING):
-                # A writer died before copying its events: they go first, in order.
-                await self._flush_pending(run_id, current[PENDING])
-                continue
             if not matches(current, conditions):
                 break
-            new = apply_update(state_of(current), stored, now_ms)
+            new = apply_update(current, stored, now_ms)
             # refused before writing; an unknown field where the update writes is refused
             decode(RunDocument, new, what="run update", ident=run_id, written=paths)
             if not ops:
@@ -234,7 +206,7 @@ class MongoRunStore(MongoEvents, MongoRecords):
             if retried:  # the first attempt may have landed before its connection dropped
                 latest = await self._io("re-read run", self._runs.find_one, {"_id": run_id})
                 landed = Update(set=stored.set, unset=update.unset, bump_version=False)
-                if latest is not None and _landed(latest, landed, now_ms):
+                if latest is not None and apply_update(latest, landed, now_ms) == latest:
                     return self._run(latest)
         assert current is not None
         return CasConflict(self._run(current))
@@ -299,9 +271,3 @@ class MongoRunStore(MongoEvents, MongoRecords):
         await self._io("delete interactions", self._interactions.delete_many, {"run_id": run_id})
         result = await self._io("delete run", self._runs.delete_one, {"_id": run_id})
         return result.deleted_count > 0
-
-
-def _landed(latest: Doc, landed: Update, now_ms: int) -> bool:
-    """Whether a retried CAS's first attempt landed: the document holds what it set."""
-    state = state_of(latest)
-    return apply_update(state, landed, now_ms) == state
