@@ -10,6 +10,7 @@ from engine.lease import LeaseTiming
 from store.settings import (
     RunfleetSettings,
     SettingsRelation,
+    duration_at_most,
     env_name,
     format_duration,
 )
@@ -98,14 +99,9 @@ class EngineSettings(RunfleetSettings):
                 f"raise {bound} to {format_size(self.scratch_cap)} or more, or unset it (default"
                 f" {UNCOMPRESSED_PER_CAP} x {cap})",
             )
-        if self.scratch_bank_budget > self.teardown_budget:
-            bank, teardown = env_name("scratch_bank_budget"), env_name("teardown_budget")
-            raise SettingsRelation(
-                ("scratch_bank_budget", "teardown_budget"),
-                f"{bank} must fit in {teardown} (the bank is part of the teardown)",
-                f"lower {bank} to {format_duration(self.teardown_budget)} or less, or raise"
-                f" {teardown}",
-            )
+        duration_at_most(
+            self, "scratch_bank_budget", "teardown_budget", "the bank is part of the teardown"
+        )
         return self
 
     def lease_timing(self) -> LeaseTiming:

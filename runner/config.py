@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import Field, model_validator
 
-from store.settings import RunfleetSettings, SettingsRelation, env_name, format_duration
+from store.settings import RunfleetSettings, duration_at_most
 from store.timeutil import Duration, PositiveDuration
 
 
@@ -47,12 +47,5 @@ class RunnerSettings(RunfleetSettings):
     def _relations(self) -> RunnerSettings:
         """A transient failure's nak delay doubles from `transient_delay` up to its cap: a
         delay over its cap was silently cut down to the cap (a clocks review)."""
-        if self.transient_delay > self.transient_delay_cap:
-            delay, cap = env_name("transient_delay"), env_name("transient_delay_cap")
-            raise SettingsRelation(
-                ("transient_delay", "transient_delay_cap"),
-                f"{delay} must be at most {cap} (the delay doubles up to the cap)",
-                f"lower {delay} to {format_duration(self.transient_delay_cap)} or less, or raise"
-                f" {cap} to {format_duration(self.transient_delay)} or more",
-            )
+        duration_at_most(self, "transient_delay", "transient_delay_cap", "it doubles up to it")
         return self

@@ -25,7 +25,7 @@ from types import NoneType, UnionType
 from typing import Annotated, Any, ClassVar, Union, get_args, get_origin
 
 import annotated_types
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -72,6 +72,20 @@ class SettingsRelation(ValueError):
         self.fields = tuple(fields)
         self.rule = rule
         self.remedy = remedy
+
+
+def duration_at_most(model: BaseModel, small: str, large: str, why: str) -> None:
+    """The relation `small <= large` between two duration fields of `model`, or the
+    `SettingsRelation` naming both variables, why, and either way to mend it."""
+    low, high = getattr(model, small), getattr(model, large)
+    if low > high:
+        a, b = env_name(small), env_name(large)
+        raise SettingsRelation(
+            (small, large),
+            f"{a} must be at most {b} ({why})",
+            f"lower {a} to {format_duration(high)} or less, or raise {b} to"
+            f" {format_duration(low)} or more",
+        )
 
 
 class RunfleetSettings(BaseSettings):

@@ -593,3 +593,11 @@ def runfleet_without_fleet(
     env["RUNFLEET_DATA"] = str(tmp_path / "data")
     env["RUNFLEET_NATS_URL"] = "nats://127.0.0.1:1"  # nothing there: never a real fleet
     return runfleet_with(env, *args, cwd=cwd)
+
+
+def run_hello_without_fleet(tmp_path: Path) -> str:
+    """`runfleet run examples/hello.yaml` in its own data dir (no fleet): the run's id."""
+    ran = runfleet_without_fleet(tmp_path, "run", str(ROOT / "examples" / "hello.yaml"), "--json")
+    assert ran.returncode == 0, ran.stderr
+    run_id: str = json.loads(ran.stdout)["run_id"]
+    return run_id

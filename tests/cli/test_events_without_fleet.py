@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cli.conftest import runfleet_without_fleet
+from tests.cli.conftest import run_hello_without_fleet, runfleet_without_fleet
 
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello.yaml"
 
@@ -16,9 +16,7 @@ HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello.yaml"
 def test_events_with_deliveries_and_no_fleet_prints_the_events_and_says_the_log_is_missing(
     tmp_path: Path,
 ) -> None:
-    ran = runfleet_without_fleet(tmp_path, "run", str(HELLO), "--json")
-    assert ran.returncode == 0, ran.stderr
-    run_id = json.loads(ran.stdout)["run_id"]
+    run_id = run_hello_without_fleet(tmp_path)
 
     shown = runfleet_without_fleet(tmp_path, "events", run_id, "--deliveries")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import ROOT, runfleet_without_fleet
+from tests.cli.conftest import ROOT, run_hello_without_fleet
 
 HELLO = ROOT / "examples" / "hello.yaml"
 
@@ -81,9 +81,7 @@ def test_a_command_that_only_reads_or_helps_imports_no_nats_s3_server_or_executi
 def test_status_and_events_of_a_run_import_no_nats_s3_server_or_execution(
     tmp_path: Path,
 ) -> None:
-    ran = runfleet_without_fleet(tmp_path, "run", str(HELLO), "--json")
-    assert ran.returncode == 0, ran.stderr
-    run_id = json.loads(ran.stdout)["run_id"]
+    run_id = run_hello_without_fleet(tmp_path)
 
     assert heavy_in(imported_by(tmp_path, "status", run_id)) == []
     assert heavy_in(imported_by(tmp_path, "events", run_id, "--json")) == []

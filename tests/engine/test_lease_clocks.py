@@ -9,7 +9,7 @@ nodes at once. A sweeper whose clock ran ahead deleted a bank just uploaded unde
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,15 @@ from tests.engine.conftest import Claim
 Load = Callable[[str], LoadedWorkflow]
 
 STEP = timedelta(hours=1)
+
+
+def keeper_from(
+    store: RunStore, run_id: str, token: str, start: datetime, settings: EngineSettings
+) -> LeaseKeeper:
+    """A keeper of a lease claimed at `start` (on the clocks the test has patched)."""
+    return LeaseKeeper(
+        store, run_id, token, start + settings.lease_ttl, settings.lease_timing(), CancelSignal()
+    )
 
 
 def test_a_wall_clock_stepped_back_does_not_lengthen_the_lease_its_holder_believes_it_holds(
@@ -80,14 +89,7 @@ async def test_after_a_refresh_the_holder_believes_the_new_expiry_on_both_clocks
     start, wall, own = utcnow(), [timedelta(0)], [0.0]
     monkeypatch.setattr(engine.lease, "utcnow", lambda: start + wall[0])
     monkeypatch.setattr(engine.lease, "held_clock", lambda: own[0])
-    keeper = LeaseKeeper(
-        store,
-        run.run_id,
-        token,
-        start + settings.lease_ttl,
-        settings.lease_timing(),
-        CancelSignal(),
-    )
+    keeper = keeper_from(store, run.run_id, token, start, settings)
     wall[0], own[0] = timedelta(seconds=20), 20.0
 
     assert await keeper.refresh_once()
@@ -137,14 +139,7 @@ async def test_ntp_slewing_over_a_long_run_is_no_step(
         engine.lease, "utcnow", lambda: start + timedelta(seconds=elapsed[0] * (1 + slew))
     )
     monkeypatch.setattr(engine.lease, "held_clock", lambda: elapsed[0])
-    keeper = LeaseKeeper(
-        store,
-        run.run_id,
-        token,
-        start + settings.lease_ttl,
-        settings.lease_timing(),
-        CancelSignal(),
-    )
+    keeper = keeper_from(store, run.run_id, token, start, settings)
     interval = settings.lease_interval.total_seconds()
     for _ in range(int(4 * 3600 / interval)):
         elapsed[0] += interval
