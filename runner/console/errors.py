@@ -122,6 +122,7 @@ HTTP_WORDS: tuple[tuple[str, str], ...] = (
     ("stage the files again", "stage the files again (`POST /api/v1/uploads`)"),
     ("`runfleet events RUN --follow`", "`GET /api/v1/runs/RUN/events/stream`"),
     ("`runfleet cancel RUN`", "`POST /api/v1/runs/RUN/cancel`"),
+    ("`runfleet resume RUN`", "`POST /api/v1/runs/RUN/resume`"),
     ("`runfleet rewind RUN --node NODE`", "`POST /api/v1/runs/RUN/rewind`"),
     ("`runfleet launch FILE`", "`POST /api/v1/runs`"),
 )
