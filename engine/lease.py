@@ -33,8 +33,9 @@ Beat = Callable[[], Awaitable[None]]
 
 def held_clock() -> float:
     """Seconds on a clock nobody sets: `CLOCK_BOOTTIME` (it also counts a suspend) where the
-    system has one, else the monotonic clock. The holder judges its lease on this clock as well
-    as on the wall clock, and believes the shorter of the two (see `LeaseKeeper.seconds_left`)."""
+    system has one, else the monotonic clock (ADR-0025). The holder judges its lease on this
+    clock as well as on the wall clock, and believes the shorter of the two (see
+    `LeaseKeeper.seconds_left`)."""
     return time.clock_gettime(_HELD_CLOCK)
 
 

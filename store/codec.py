@@ -29,8 +29,8 @@ def decode(cls: type[M], raw: Any, *, what: str, ident: str, written: Collection
     """Validate a stored record; a record that fails is a `DocumentInvalid` naming its id.
 
     Fields this build does not know are read without (and kept in storage by the narrow
-    writes): a newer build wrote them. A rollback met every staged upload a newer build had
-    written (`claimed_by`) as invalid, and the older sweeper, `gc` and `launch --attach`
+    writes): a newer build wrote them (ADR-0026). A rollback met every staged upload a newer
+    build had written (`claimed_by`) as invalid, and the older sweeper, `gc` and `launch --attach`
     failed on them for good (an upgrade walkthrough). Only unknown fields are forgiven: a
     known field of the wrong shape is still `DocumentInvalid`. The models keep refusing
     unknown fields where a write puts them: `written` (the dotted paths an update sets) makes
