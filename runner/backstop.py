@@ -93,10 +93,12 @@ class Backstop:
 
     async def loop(self) -> None:
         psub = self.psub or await self.subscribe()
+        polled = self.svc.metrics.backstop_last_poll
         while True:
             try:
                 msgs = await psub.fetch(batch=10, timeout=1.0)
             except (nats.errors.TimeoutError, TimeoutError):
+                polled.set_to_current_time()  # asked, and nothing waits
                 continue
             except nats.errors.Error as exc:
                 # NATS restarting (a 503 on the pull, a closed connection reconnecting): the
@@ -106,6 +108,9 @@ class Backstop:
                 continue
             for msg in msgs:
                 await self.settle_advisory(msg)  # never raises but CancelledError
+            # After settling, not before: a settle that never returns stops the stamp, which is
+            # what an alert on it is for.
+            polled.set_to_current_time()
 
     async def settle_advisory(self, adv: Msg) -> str:
         """Settle one advisory; returns the verdict. Catches everything one message can raise

@@ -136,6 +136,26 @@ class RunnerMetrics:
         self.sweeper_actions = Counter(
             "runfleet_sweeper_actions", "Orphan sweeper actions", ["action"], registry=r
         )
+        self.sweeper_passes = Counter(
+            "runfleet_sweeper_passes",
+            "Sweeper turns by outcome: swept (this runner held the lock and finished its pass),"
+            " cut_short (the lock lapsed mid-pass), not_elected (another runner swept),"
+            " skipped (the store or NATS did not answer), failed (the pass raised)",
+            ["outcome"],
+            registry=r,
+        )
+        self.sweeper_last_pass = Gauge(
+            "runfleet_sweeper_last_pass_timestamp_seconds",
+            "Unix time this runner last swept (0: never since it started). One runner sweeps"
+            " at a time: max() over the fleet is when the fleet's sweeper last ran",
+            registry=r,
+        )
+        self.backstop_last_poll = Gauge(
+            "runfleet_backstop_last_poll_timestamp_seconds",
+            "Unix time this runner's DLQ backstop last finished a pull for max-deliveries"
+            " advisories (0: never since it started); a backstop stuck settling one stops it",
+            registry=r,
+        )
         self.scratch_bank_bytes = Counter("runfleet_scratch_bank_bytes", "Bytes banked", registry=r)
         self.scratch_bank_seconds = Histogram(
             "runfleet_scratch_bank_seconds",

@@ -76,6 +76,13 @@ class SweepReport:
     cut_short: bool = False
     """The pass stopped early: its lock could not be kept (another runner's pass may run)."""
 
+    @property
+    def outcome(self) -> str:
+        """The `outcome` label of `runfleet_sweeper_passes`."""
+        if not self.swept:
+            return "not_elected"
+        return "cut_short" if self.cut_short else "swept"
+
 
 class PassLock:
     """The sweeper's election lock, held through the whole pass (SPEC §5.9).
@@ -136,18 +143,30 @@ class Sweeper:
 
     async def loop(self) -> None:
         interval = self.svc.wire.sweeper_interval.total_seconds()
+        metrics = self.svc.metrics
         while True:
             await asyncio.sleep(interval)
             try:
-                await self.sweep_once()
+                report = await self.sweep_once()
             except StoreError as exc:
                 log.warning("sweep skipped: store unavailable (%s)", exc)
+                outcome = "skipped"
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("sweep skipped: NATS unavailable (%r)", exc)
+                outcome = "skipped"
             except Exception:  # a bug in one pass must not stop the runner
                 # The lock passes to the next runner, which would meet the same run and stop
                 # too: the fleet would go down one runner at a time (found by review).
                 log.exception("sweep failed; the next pass tries again")
+                outcome = "failed"
+            else:
+                outcome = report.outcome
+                if outcome == "swept":
+                    # What an alert reads: with no runner's stamp moving, no runner finishes a
+                    # pass (one wedged on a call that never returns, every pass cut short or
+                    # failing), and runs the sweeper would mend wait for good.
+                    metrics.sweeper_last_pass.set_to_current_time()
+            metrics.child(metrics.sweeper_passes, outcome).inc()
 
     async def sweep_once(self, *, force: bool = False) -> SweepReport:
         """One pass. `force` (the CLI's `runfleet sweep`) takes no lock: its actions are CASes
