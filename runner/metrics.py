@@ -8,7 +8,6 @@ status are real run statuses (SPEC §2), never a disposition's reason.
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any, TypeVar
 
 from prometheus_client import (
@@ -21,6 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from runner.build import source_digest, version
 from store import Event, EventDraft, RunStatus
 
 M = TypeVar("M", Counter, Histogram)
@@ -54,20 +54,13 @@ def status_label(reason: str) -> str:
         return str(RunStatus.RUNNING)
 
 
-def version() -> str:
-    try:
-        return metadata.version("runfleet")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 class RunnerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry = registry or CollectorRegistry()
         r = self.registry
         Info("runfleet_build", "The runfleet release this process runs", registry=r).info(
-            {"version": version()}
+            {"version": version(), "build": source_digest()}
         )
         ProcessCollector(registry=r)
         self.deliveries = Counter(

@@ -35,6 +35,7 @@ from publisher.errors import ConsumerMismatch, StreamNotFound
 from publisher.publisher import Publisher
 from publisher.wire import WireNames
 from runner.backstop import Backstop
+from runner.build import describe
 from runner.config import RunnerSettings
 from runner.deliveries import Delivery
 from runner.delivery import handle
@@ -158,7 +159,13 @@ class Runner:
             self._pull_subs.append(await backstop.subscribe())
             self._tasks.spawn(backstop.loop(), name="loop:backstop", critical=True)
         # The one start line, with the wording `up`, the soak and the benches wait for.
-        log.info("runner %s: %d slots, http :%s", self.owner, self.settings.slots, self.http.port)
+        log.info(
+            "runner %s: %d slots, http :%s, runfleet %s",
+            self.owner,
+            self.settings.slots,
+            self.http.port,
+            describe(),
+        )
 
     async def run(self) -> None:
         """Run until `shutdown()` (or a crashed loop, which is re-raised after shutdown)."""

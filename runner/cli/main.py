@@ -22,8 +22,24 @@ NOT_ADOPTING = frozenset({"up", "validate"})
 """`up` is the fleet whose settings the others adopt; `validate` reads no setting."""
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from runner.build import describe  # only `--version` pays for the source digest
+
+    click.echo(f"runfleet, version {describe()}")
+    ctx.exit()
+
+
 @click.group()
-@click.version_option(package_name="runfleet")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version, the build (a digest of the sources) and the commit, and exit.",
+)
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """runfleet: durable workflow runs on a fleet of runners fed by NATS JetStream.

@@ -12,6 +12,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from runner.build import source_digest
 from runner.metrics import RunnerMetrics, status_label
 from store import RunStatus
 
@@ -36,7 +37,7 @@ def test_metrics_have_no_created_series() -> None:
 def test_metrics_carry_build_info_with_the_version_and_the_process_collector() -> None:
     text = exposition(RunnerMetrics())
     version = metadata.version("runfleet")
-    assert f'runfleet_build_info{{version="{version}"}} 1.0' in text
+    assert f'runfleet_build_info{{build="{source_digest()}",version="{version}"}} 1.0' in text
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"process_cpu_seconds", "process_resident_memory_bytes"} <= names
 
