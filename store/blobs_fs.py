@@ -118,15 +118,32 @@ class FilesystemBlobStore:
 
     def _put_file_sync(self, key: str, src: Path) -> BlobInfo:
         dest = self._path(key)
-        with local_errors(f"cannot read {src}"), src.open("rb") as fsrc:
+        with (
+            local_errors(f"cannot read {src}"),
+            src.open("rb") as fsrc,
+            self._pruned_on_failure(dest),
+        ):
             return _atomic_write(key, dest, lambda out: shutil.copyfileobj(fsrc, out, _COPY_CHUNK))
 
     def _put_bytes_sync(self, key: str, data: bytes) -> BlobInfo:
-        return _atomic_write(key, self._path(key), lambda out: out.write(data))
+        dest = self._path(key)
+        with self._pruned_on_failure(dest):
+            return _atomic_write(key, dest, lambda out: out.write(data))
 
     def _create_bytes_sync(self, key: str, data: bytes) -> BlobInfo | None:
         dest = self._path(key)
-        return _atomic_create(key, dest, lambda out: out.write(data))
+        with self._pruned_on_failure(dest):
+            return _atomic_create(key, dest, lambda out: out.write(data))
+
+    @contextlib.contextmanager
+    def _pruned_on_failure(self, dest: Path) -> Iterator[None]:
+        """A write that failed leaves no directory it made (a disk-full drill: a failed upload
+        left an empty `uploads/<id>/`, which `gc` and the upload reaper never looked at)."""
+        try:
+            yield
+        except BaseException:
+            self._prune(dest.parent)
+            raise
 
     def _open_blob(self, key: str) -> BinaryIO:
         path = self._path(key)

@@ -69,3 +69,54 @@ def test_a_blob_write_on_a_full_or_read_only_disk_is_unavailable_with_a_remedy(c
         raise OSError(code, os.strerror(code))
     assert caught.value.remedy is not None and "disk" in caught.value.remedy
     assert exit_code_for(caught.value) == EXIT_UNREACHABLE
+
+
+FAILED_PUT = """
+import asyncio, resource, signal, sys
+from pathlib import Path
+from store.blobs_fs import FilesystemBlobStore
+from store.errors import StoreError
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails EFBIG instead
+root = Path(sys.argv[1])
+src = root.parent / "src"
+src.write_bytes(b"x" * 100_000)
+resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))
+
+async def main() -> None:
+    blobs = FilesystemBlobStore(root)
+    for how, key in (("bytes", "uploads/u1/data"), ("file", "uploads/u2/a/data")):
+        try:
+            if how == "bytes":
+                await blobs.put_bytes(key, b"x" * 100_000)
+            else:
+                await blobs.put_file(key, src)
+        except StoreError as exc:
+            print("refused", how, exc)
+        else:
+            print("landed", how)
+    await blobs.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_blob_write_that_fails_leaves_no_directory_it_made(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "blobs"
+    (root / "uploads" / "kept").mkdir(parents=True)  # a directory a write did not make stays
+    done = subprocess.run(
+        [sys.executable, "-c", FAILED_PUT, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("refused") == 2, done.stdout  # the writes really failed
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == [
+        "uploads",
+        "uploads/kept",
+    ]
