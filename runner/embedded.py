@@ -40,6 +40,7 @@ from publisher.streams import EnsureReport, ensure_streams, leaderless
 from publisher.wire import WireNames
 from runner import fleet_settings
 from runner.config import RunnerSettings
+from runner.jetstream_room import Room, read_room, restart_helps
 from runner.localcluster import NatsCluster
 from runner.localnats import NatsServer
 from runner.logfiles import rotate_if_large
@@ -50,6 +51,8 @@ T = TypeVar("T")
 _PORT_LINE = re.compile(rb"slots, http :(\d+)")
 _ERROR_LINE = re.compile(rb"^error \[([a-z0-9_]+)\]: (.*)$", re.MULTILINE)
 QUICK_EXIT_S = 10.0
+ROOM_EVERY_S = 5.0
+"""How often `up` asks its nats-servers whether JetStream still has room (`_watch_room`)."""
 """A runner that dies sooner than this after its start is restarted after a delay."""
 MAX_BACKOFF_S = 30.0
 
@@ -84,6 +87,10 @@ class NatsWatch:
     backoff_s: float = 0.0
     restart_at: float | None = None
     """While the server is down: when it is started again."""
+    room: Room | None = None
+    """What its JetStream last said of its room, while it has none (runner/jetstream_room.py)."""
+    room_checked_at: float = 0.0
+    room_restarts: int = 0
 
 
 async def _until_answered(deadline: float, ask: Callable[[], Awaitable[T]]) -> T:
@@ -337,6 +344,7 @@ class EmbeddedFleet:
                 if rotate_if_large(rp.log_path):
                     rp.log_offset = 0  # this start's lines before the cut are in `.1`
             await self._watch_nats()
+            await self._watch_room()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 0.5)
 
@@ -393,6 +401,63 @@ class EmbeddedFleet:
         watch.restarts += 1
         log.warning("%s restarted on port %s (restarts %d)", label, server.port, watch.restarts)
 
+    async def _watch_room(self) -> None:
+        """Every `ROOM_EVERY_S`, ask each running server whether its JetStream has room. One
+        that has none is said once (up.log, the view), and restarted in place as soon as the
+        disk has room again: a restart is the only thing that lifts its limit or mends a stream
+        that met a refused write (runner/jetstream_room.py). The runners reconnect by
+        themselves, as after a crash; nothing is lost (the streams are on disk)."""
+        now = time.monotonic()
+        servers = [
+            (label, server, watch)
+            for (label, server), watch in zip(self._servers(), self.nats, strict=False)
+            if server.running and server.monitor_url and not server.paused
+        ]
+        due = [s for s in servers if now - s[2].room_checked_at >= ROOM_EVERY_S]
+        if self.stopping or not due:
+            return
+        async with aiohttp.ClientSession() as session:
+            for label, server, watch in due:
+                watch.room_checked_at = now
+                assert server.monitor_url is not None
+                room = await read_room(session, server.monitor_url)
+                if room is None:
+                    continue
+                if not room.full:
+                    if watch.room is not None:
+                        log.warning("%s: JetStream has room again", label)
+                    watch.room = None
+                    continue
+                if watch.room is None:
+                    log.error(
+                        "%s: %s. Launches, answers and DLQ records are refused until it can"
+                        " store again: free space on the disk holding %s; `up` restarts the"
+                        " server once there is room",
+                        label,
+                        room.describe(),
+                        server.store_dir,
+                    )
+                watch.room = room
+                if restart_helps(room, server.store_dir):
+                    await self._restart_for_room(label, server, watch)
+
+    async def _restart_for_room(self, label: str, server: NatsServer, watch: NatsWatch) -> None:
+        log.warning(
+            "%s: the disk holding %s has room again; restarting the server to store again",
+            label,
+            server.store_dir,
+        )
+        try:
+            await asyncio.to_thread(server.restart)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            # Left stopped: `_watch_nats` starts it again with its own backoff, and says so.
+            log.error("%s did not start again: %s", label, str(exc).splitlines()[0])
+            return
+        watch.room = None
+        watch.room_restarts += 1
+        watch.room_checked_at = time.monotonic()
+        log.warning("%s restarted on port %s with room to store", label, server.port)
+
     def _note_spawn_failure(self, rp: RunnerProcess, exc: OSError, now: float) -> None:
         rp.backoff_s = next_backoff(rp.backoff_s, now, now)
         rp.restart_at = now + rp.backoff_s
@@ -437,6 +502,12 @@ class EmbeddedFleet:
         back), or running again after N restarts."""
         lines = []
         for (label, server), watch in zip(self._servers(), self.nats, strict=False):
+            if watch.room is not None and server.running:
+                lines.append(
+                    f"  {label}  {watch.room.describe()}; free space on the disk holding"
+                    f" {server.store_dir} and `up` restarts it"
+                )
+                continue
             if watch.restarts == 0 and server.running:
                 continue
             if not server.running:

@@ -70,6 +70,10 @@ class NatsServer:
         self.log_path = work_dir / "nats-server.log"
         self.port: int | None = port
         self.extra_args = tuple(extra_args)
+        self.monitor_url: str | None = None
+        """The HTTP monitor of the current process (`/healthz`, `/jsz`), on 127.0.0.1 at a port
+        of its own choosing: `up` reads whether JetStream still has room
+        (runner/jetstream_room.py)."""
         self.paused = False
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -115,6 +119,8 @@ class NatsServer:
             port,
             "--ports_file_dir",
             str(self.work_dir),
+            "-m",
+            "-1",  # the monitor, on a free port: the ports file names it
             *self.extra_args,
         ]
         with self.log_path.open("ab") as log:
@@ -128,6 +134,7 @@ class NatsServer:
                 pass_fds=self.pass_fds,
             )
         self._proc = proc
+        self.monitor_url = None
         try:
             self.port = self._wait_for_port(proc, timeout)
         except BaseException:
@@ -179,6 +186,7 @@ class NatsServer:
             if port is not None:
                 if self.port is not None and port != self.port:
                     raise RuntimeError(f"nats-server came back on port {port}, not {self.port}")
+                self.monitor_url = _read_monitor(ports_file)
                 return port
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -213,3 +221,11 @@ def _read_port(ports_file: Path) -> int | None:
     except (FileNotFoundError, json.JSONDecodeError, KeyError, IndexError, TypeError):
         return None
     return int(str(url).rsplit(":", 1)[1])
+
+
+def _read_monitor(ports_file: Path) -> str | None:
+    """The HTTP monitor's URL from the same file (`"monitoring": ["http://127.0.0.1:PORT"]`)."""
+    try:
+        return str(json.loads(ports_file.read_text())["monitoring"][0])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None

@@ -159,13 +159,10 @@ class Runner:
             self._pull_subs.append(await backstop.subscribe())
             self._tasks.spawn(backstop.loop(), name="loop:backstop", critical=True)
         # The one start line, with the wording `up`, the soak and the benches wait for.
-        log.info(
-            "runner %s: %d slots, http :%s, runfleet %s",
-            self.owner,
-            self.settings.slots,
-            self.http.port,
-            describe(),
-        )
+        log.info("runner %s: runfleet %s", self.owner, describe())
+        # The ready line, last and whole: `up`, the tests and the benchmarks read the port
+        # from its end.
+        log.info("runner %s: %d slots, http :%s", self.owner, self.settings.slots, self.http.port)
 
     async def run(self) -> None:
         """Run until `shutdown()` (or a crashed loop, which is re-raised after shutdown)."""
