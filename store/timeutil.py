@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, PlainSerializer
 
 
 def utcnow() -> datetime:
@@ -39,11 +39,13 @@ def to_ms(value: datetime) -> int:
 
 
 def iso_z(value: datetime) -> str:
-    """The one timestamp format of `--json` and the HTTP API: ISO 8601 in UTC with `Z`, as
-    pydantic writes an aware UTC datetime (`2026-12-01T15:00:11.189000Z`)."""
+    """The one timestamp format of `--json`, the HTTP API and the messages: ISO 8601 in UTC
+    with `Z` and always six digits of fraction (`2026-12-01T15:00:11.189000Z`,
+    `2026-12-01T15:00:11.000000Z`), so the strings sort as the instants do. (pydantic's own
+    format drops a zero fraction, and `…:11Z` sorts after `…:11.189000Z`: a clock review.)"""
     if value.tzinfo is None:
         raise ValueError("naive datetime: runfleet only accepts timezone-aware UTC instants")
-    text = value.astimezone(UTC).isoformat()
+    text = value.astimezone(UTC).isoformat(timespec="microseconds")
     return text.removesuffix("+00:00") + "Z"
 
 
@@ -69,8 +71,11 @@ def _coerce_utc(value: Any) -> Any:
     return value
 
 
-UtcDatetime = Annotated[datetime, BeforeValidator(_coerce_utc)]
-"""An aware UTC instant at millisecond precision; accepts epoch ms (storage) or ISO text."""
+UtcDatetime = Annotated[
+    datetime, BeforeValidator(_coerce_utc), PlainSerializer(iso_z, when_used="json")
+]
+"""An aware UTC instant at millisecond precision; accepts epoch ms (storage) or ISO text, and
+is written in JSON as `iso_z` writes it."""
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -18,6 +18,7 @@ from engine.failures import is_auto_resumable
 from runner.operations.env import Env
 from store import Event, Origin, RunDocument, RunfleetError, RunStatus, RunStore, utcnow
 from store.events import all_events
+from store.timeutil import iso_z
 
 EVENTS_PAGE = 10_000
 
@@ -53,7 +54,7 @@ class RetryWait:
     def to_dict(self, now: datetime | None = None) -> dict[str, object]:
         return {
             "code": self.code,
-            "due_at": self.due_at.isoformat().replace("+00:00", "Z"),
+            "due_at": iso_z(self.due_at),
             "seconds_left": round(self.seconds_left(now), 1),
             "next_delivery": self.next_delivery,
             "max_deliver": self.max_deliver,

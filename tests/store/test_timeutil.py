@@ -47,3 +47,20 @@ def test_a_duration_too_large_to_represent_is_a_value_error_not_an_overflow(
 def test_a_duration_that_is_not_a_non_negative_number_is_a_value_error(given: object) -> None:
     with pytest.raises(ValueError):
         parse_duration(given)
+
+
+def test_json_timestamps_carry_six_fraction_digits_so_the_strings_sort_as_the_instants() -> None:
+    from pydantic import BaseModel
+
+    from store.timeutil import UtcDatetime, from_ms, iso_z
+
+    class At(BaseModel):
+        at: UtcDatetime
+
+    whole, later = from_ms(1_764_950_400_000), from_ms(1_764_950_400_189)
+    texts = [At(at=t).model_dump(mode="json")["at"] for t in (whole, later)]
+    assert texts == ["2025-12-05T16:00:00.000000Z", "2025-12-05T16:00:00.189000Z"]
+    assert sorted(texts) == texts  # `…:00Z` sorted after `…:00.189000Z` before
+    assert At(at=whole).model_dump_json() == '{"at":"2025-12-05T16:00:00.000000Z"}'
+    assert iso_z(whole) == texts[0]
+    assert At.model_validate_json(At(at=whole).model_dump_json()).at == whole
