@@ -251,13 +251,15 @@ async def timeline_batches(
 ) -> AsyncIterator[list[TimelineEntry]]:
     """A run's events and its delivery-log entries, merged in order by time (SPEC v2.2 §10b),
     in batches as they are read; `after` and `follow` as in `event_batches` (`after` is an
-    event seq: the log is read whole). Without `follow` the one
-    batch is the whole timeline, in order; while following, each batch is ordered and comes
-    after the ones before it."""
+    event seq: delivery-log entries from before that event's time are left out too, as the
+    events are; found by a newcomer: `--after N --deliveries` showed every earlier delivery).
+    Without `follow` the one batch is the whole timeline, in order; while following, each
+    batch is ordered and comes after the ones before it."""
     from runner.delivery_log import read_deliveries  # NATS, once it is needed (ADR-0024)
 
     run_id = await resolve_run_id(env, run_id)  # run_not_found before anything else
     after_event, after_log = after, 0
+    since = await _time_of_event(env, run_id, after) if after > 0 else None
     async with env.publisher() as publisher:
         while True:
             events = await env.store.read_events(run_id, after_seq=after_event, limit=EVENTS_PAGE)
@@ -266,14 +268,22 @@ async def timeline_batches(
                 after_event = events[-1].seq
             if logged:
                 after_log = logged[-1][0]
-            if events or logged:
-                yield merge_timeline(events, [entry for _, entry in logged])
+            entries = [entry for _, entry in logged if since is None or entry.at > since]
+            if events or entries:
+                yield merge_timeline(events, entries)
             if not follow:
                 return
             run = await env.store.get_run(run_id)
             if not still_moving(run) and not events and not logged:
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
+
+
+async def _time_of_event(env: Env, run_id: str, seq: int) -> datetime:
+    """When event `seq` of the run was written; now when it has no such event yet (what
+    happened so far is all before it)."""
+    found = await env.store.read_events(run_id, after_seq=seq - 1, limit=1)
+    return found[0].at if found and found[0].seq == seq else utcnow()
 
 
 async def resume(

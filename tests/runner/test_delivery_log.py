@@ -405,3 +405,27 @@ def test_an_entry_orjson_refuses_is_still_written_and_names_its_run() -> None:
     entry |= {"runner": "runner-a", "at": at}
     written = json.loads(encode_entry(entry))
     assert written["run_id"] == "x\ud800" and written["record_id"] == 2
+
+
+async def test_events_after_n_with_deliveries_leaves_out_the_deliveries_before_event_n(
+    fleet: Fleet, runner: Runner, gates: Path
+) -> None:
+    """`--after N` means "what happened after event N" for both sources (a newcomer found the
+    whole delivery log printed after the later events)."""
+    run = await fleet.launch(
+        workflow("flaky").source, {"dir": str(gates), "failures": 1, "code": "SANDBOX_LOST"}
+    )
+    await fleet.wait_status(run.run_id, "finished")
+    await wait_log(fleet, run.run_id, lambda es: ("ack", "finished") in actions(es))
+    stored = await fleet.store.read_events(run.run_id)
+    scheduled = next(e for e in stored if e.type == "run_retry_scheduled")
+    result = await run_cli(
+        fleet, "events", run.run_id, "--deliveries", "--after", str(scheduled.seq), "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    timeline = json.loads(result.stdout)["events"]
+    events = [item for item in timeline if item["source"] == "event"]
+    logged = [(d["action"], d["reason"]) for d in timeline if d["source"] == "delivery"]
+    assert events and all(e["seq"] > scheduled.seq for e in events)
+    assert ("claim", "fresh") not in logged  # the first claim came before that event
+    assert logged[-2:] == [("claim", "auto_retry"), ("ack", "finished")]
