@@ -63,21 +63,27 @@ def coerce_answers(
     file that exists when the answer is given.
     """
     by_name = {q.name: q for q in questions}
-    for name in raw:
-        if name not in by_name:
-            expected = ", ".join(by_name) or "none"
-            raise AnswersInvalid(name, f"no such question (questions: {expected})")
     missing = [q.name for q in questions if q.required and q.name not in raw]
     if missing and not raw:
         raise AnswersRequired(missing)
-    if missing:
-        raise AnswersInvalid(missing[0], f"is required ({_EXPECTED[by_name[missing[0]].type]})")
+    expected = ", ".join(by_name) or "none"
+    wrong = [
+        AnswersInvalid(name, f"no such question (questions: {expected})")
+        for name in raw
+        if name not in by_name
+    ]
+    wrong += [AnswersInvalid(m, f"is required ({_EXPECTED[by_name[m].type]})") for m in missing]
     out: dict[str, Any] = {}
     for q in questions:
         if q.name not in raw or (raw[q.name] is None and not q.required):
             out[q.name] = None
             continue
-        out[q.name] = _coerce(q, raw[q.name], from_cli=from_cli, base_dir=base_dir)
+        try:
+            out[q.name] = _coerce(q, raw[q.name], from_cli=from_cli, base_dir=base_dir)
+        except AnswersInvalid as exc:
+            wrong.append(exc)
+    if wrong:
+        raise AnswersInvalid.every(wrong)
     return out
 
 

@@ -112,11 +112,33 @@ class AnswersRequired(Refusal, code="answers_required"):
 
 
 class AnswersInvalid(Refusal, code="answers_invalid"):
-    """An answer that does not fit its question's schema; `field` names the question."""
+    """An answer that does not fit its question's schema; `field` names the (first) question,
+    `problems` every wrong answer with what is wrong with it."""
 
     remedy = "correct the named answer and resume again"
 
     def __init__(self, field: str, message: str, *, remedy: str | None = None) -> None:
         self.field = field
         self.detail = message
+        self.problems: tuple[tuple[str, str], ...] = ((field, message),)
         super().__init__(f"answer {field!r}: {message}", remedy=remedy)
+
+    @classmethod
+    def every(cls, found: Sequence[AnswersInvalid]) -> AnswersInvalid:
+        """One refusal naming every wrong answer: naming only the first of several sent the
+        person back once per mistake (a newcomer's walkthrough)."""
+        if len(found) == 1:
+            return found[0]
+        first = found[0]
+        # One remedy of its own that every part shares is kept; else the plural of the class's.
+        remedies = {f.remedy for f in found}
+        shared = remedies.pop() if len(remedies) == 1 else cls.remedy
+        combined = cls(
+            first.field,
+            first.detail,
+            remedy="correct the named answers and resume again" if shared == cls.remedy else shared,
+        )
+        combined.problems = tuple(p for f in found for p in f.problems)
+        combined.message = "; ".join(f"answer {name!r}: {what}" for name, what in combined.problems)
+        combined.args = (combined.message,)
+        return combined

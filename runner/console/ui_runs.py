@@ -372,7 +372,7 @@ async def answer(request: web.Request) -> web.StreamResponse:
         request_ = ResumeRequest(answers=uploaded, cli_answers=typed)
         done = await ops.resume(call.env, doc.run_id, request_)
     except AnswersInvalid as exc:
-        errors = {exc.field: f"{exc.code}: {exc.message} — {exc.remedy}"}
+        errors = {name: f"{exc.code}: {what} — {exc.remedy}" for name, what in exc.problems}
         return await run_page(request, errors=errors, values=values, status=422)
     except AnswersRequired as exc:
         text = f"{exc.code}: {exc.message} — {exc.remedy}"

@@ -197,3 +197,28 @@ def test_a_cli_number_answer_past_the_float_range_is_refused_naming_the_field() 
     with pytest.raises(AnswersInvalid) as info:
         coerce_answers(QUESTIONS, raw, from_cli=True, base_dir=None)
     assert info.value.field == "ratio"
+
+
+def test_every_wrong_answer_is_named_in_one_refusal_not_only_the_first() -> None:
+    with pytest.raises(AnswersInvalid) as caught:
+        coerce_answers(
+            QUESTIONS,
+            {"count": "many", "ratio": "half", "colour": "red"},
+            from_cli=True,
+            base_dir=None,
+        )
+    exc = caught.value
+    assert [name for name, _ in exc.problems] == ["colour", "approved", "count", "ratio"]
+    for name in ("colour", "approved", "count", "ratio"):
+        assert f"answer {name!r}" in exc.message
+    assert "no such question" in exc.message and "is required" in exc.message
+    assert exc.field == "colour"  # the first, for callers that name one
+    assert exc.remedy == "correct the named answers and resume again"
+
+
+def test_one_wrong_answer_is_refused_as_before() -> None:
+    with pytest.raises(AnswersInvalid) as caught:
+        coerce_answers(QUESTIONS, {"approved": "maybe"}, from_cli=True, base_dir=None)
+    assert caught.value.problems == ((caught.value.field, caught.value.detail),)
+    assert caught.value.message.startswith("answer 'approved': ")
+    assert caught.value.remedy == "correct the named answer and resume again"
