@@ -14,6 +14,7 @@ The source hash is the sha256 of the whole text, comments included (SPEC §6.1):
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -140,22 +141,49 @@ def _raise(filename: str, problems: list[Problem]) -> NoReturn:
     raise WorkflowInvalid(filename, first.field, first.line, first.message, problems=unique)
 
 
-def _yaml_problem(filename: str, exc: yaml.YAMLError) -> WorkflowInvalid:
+def _yaml_problem(filename: str, exc: yaml.YAMLError, text: str = "") -> WorkflowInvalid:
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
         message = exc.problem or "invalid YAML"
         if exc.context:
             message += f" ({exc.context})"
+        lines = text.splitlines()
+        # The problem mark can be the line after the value that caused it (a block mapping's
+        # end): the hint looks at the marked line, then the one before.
+        for at in (line, line - 1):
+            hint = _quoting_hint(lines[at - 1]) if 0 < at <= len(lines) else None
+            if hint:
+                return WorkflowInvalid(filename, "", at, f"YAML: {message}; {hint}")
         return WorkflowInvalid(filename, "", line, f"YAML: {message}")
     return WorkflowInvalid(filename, "", 1, f"YAML: {exc}")
+
+
+_KEY_VALUE = re.compile(r"^(?P<lead>\s*(?:-\s+)?)(?P<key>[A-Za-z_][\w.-]*):\s+(?P<value>\S.*?)\s*$")
+
+
+def _quoting_hint(source_line: str) -> str | None:
+    """ "quote the value: `run: 'echo a: b'`" for a plain value YAML reads as something else: one
+    holding `: ` (a mapping), starting with `{{` (a flow mapping) or with a quoted part followed
+    by more text. Found by a workflow author: "mapping values are not allowed here" and
+    "found unhashable key" said nothing of quoting, which is the fix for both."""
+    found = _KEY_VALUE.match(source_line)
+    if found is None:
+        return None
+    value = found["value"]
+    if value[0] in "'\"" and value[-1] == value[0] and value.count(value[0]) == 2:
+        return None  # quoted already: the problem is elsewhere
+    if ": " not in value and not value.startswith(("{{", "'", '"')):
+        return None
+    quoted = "'" + value.replace("'", "''") + "'"
+    return f"quote the value: `{found['key']}: {quoted}`"
 
 
 def _compose(text: str, filename: str) -> yaml.Node:
     try:
         node = yaml.compose(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
-        raise _yaml_problem(filename, exc) from exc
+        raise _yaml_problem(filename, exc, text) from exc
     if node is None:
         raise WorkflowInvalid(filename, "", 1, "the file is empty")
     return node
@@ -202,7 +230,7 @@ def _construct(text: str, filename: str) -> Any:
     try:
         return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
-        raise _yaml_problem(filename, exc) from exc
+        raise _yaml_problem(filename, exc, text) from exc
 
 
 class _Lines:

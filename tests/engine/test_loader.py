@@ -433,3 +433,35 @@ def test_an_expression_or_template_too_deep_to_parse_is_workflow_invalid_naming_
     found = {(p.field, p.line) for p in info.value.problems}
     assert found == {("nodes.a.set.x", 4), ("nodes.b.run", 5), ("edges[0].when", 7)}
     assert all("too deeply nested" in p.message for p in info.value.problems)
+
+
+@pytest.mark.parametrize(
+    ("value", "suggested"),
+    [
+        ("echo hello: world", "`run: 'echo hello: world'`"),
+        ("{{ vars.who }}", "`run: '{{ vars.who }}'`"),
+        ('"{{ vars.who }}" is here', "`run: '\"{{ vars.who }}\" is here'`"),
+        ("it's: here", "`run: 'it''s: here'`"),
+    ],
+    ids=["colon-space", "template-first", "quoted-then-more", "apostrophe"],
+)
+def test_a_yaml_error_a_plain_value_caused_suggests_quoting_it(value: str, suggested: str) -> None:
+    text = (
+        "name: q\nentry: greet\nvars:\n  who: {type: string, default: x}\n"
+        f"nodes:\n  greet:\n    kind: tool\n    run: {value}\n"
+    )
+    with pytest.raises(WorkflowInvalid) as caught:
+        load_workflow(text, "q.yaml")
+    problem = caught.value.problems[0]
+    assert problem.line == 8
+    assert problem.message.startswith("YAML: ")
+    assert f"quote the value: {suggested}" in problem.message
+    # ... and the suggestion, put in its place, loads.
+    fixed = text.replace(f"run: {value}", suggested.strip("`"))
+    assert load_workflow(fixed, "q.yaml").workflow.nodes["greet"]
+
+
+def test_a_yaml_error_elsewhere_suggests_no_quoting() -> None:
+    with pytest.raises(WorkflowInvalid) as caught:
+        load_workflow("name: q\nnodes: [\n", "q.yaml")
+    assert "quote the value" not in caught.value.problems[0].message
