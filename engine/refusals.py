@@ -8,6 +8,7 @@ lists them, so the first thing a person must fix is the first thing they are tol
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 from store import Refusal
 
@@ -27,6 +28,13 @@ NEXT_STEP: dict[str, str] = {
 }
 """What an operator can do with a run that an operation refused for its status: one answer
 per status, shared by the resume and the rewind refusals so the two never contradict."""
+
+
+LAPSED = timedelta(seconds=10)
+"""How long past its expiry a lease must be before a run `running` under it is called held by
+no runner (`resume`'s refusal, `status`'s next line): more than any skew between hosts, so a
+live lease read on a clock a little ahead is not called lapsed (and its run cancelled on that
+advice; a review)."""
 
 
 def next_step(status: str) -> str:

@@ -9,7 +9,6 @@ source, a forsaken scratch. Consents themselves are never written anywhere but `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from engine.budget import below_consumed, merge_overrides
 from engine.errors import AnswersInvalid, AnswersRequired
 from engine.loader import LoadedWorkflow, load_stored_workflow
 from engine.refusals import (
+    LAPSED,
     BudgetBelowConsumed,
     RunNotResumable,
     ScratchNotPortable,
@@ -72,15 +72,9 @@ def scratch_problem(run: RunDocument) -> str | None:
     return None
 
 
-_LAPSED = timedelta(seconds=10)
-"""How long past its expiry a lease must be before a refusal calls the run held by no runner:
-more than any skew between hosts, so a live lease read on a clock a little ahead is not
-called lapsed (and its run cancelled on that advice; a review)."""
-
-
 def judge_resume(run: RunDocument, request: ResumeRequest) -> ResumeSpec:
     if run.status not in OPERATOR_RESUMABLE:
-        if run.status is RunStatus.RUNNING and lease_is_free(run, utcnow(), _LAPSED):
+        if run.status is RunStatus.RUNNING and lease_is_free(run, utcnow(), LAPSED):
             # Nothing holds it: say how it moves again (a disk-full drill found runs left so
             # for good, and "it is already running" named no way out).
             raise RunNotResumable(run.run_id, "running, no runner holds it")

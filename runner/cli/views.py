@@ -7,8 +7,11 @@ from typing import Any
 
 import click
 
+from engine.failures import FailureCode, is_auto_resumable
+from engine.refusals import LAPSED, next_step
 from runner.operations.retry_wait import RetryWait
 from store import Event, RunDocument, RunStatus, utcnow
+from store.cas import lease_is_free
 from store.timeutil import iso_z
 
 
@@ -116,6 +119,8 @@ def echo_run(
         click.echo(
             f"next      fix the cause, then `runfleet resume {doc.run_id}` (no DLQ record left)"
         )
+    elif (step := next_line(doc)) is not None:
+        click.echo(f"next      {step}")
     if v["restart_node"]:
         click.echo(f"at node   {v['restart_node']}")
     if doc.lease is not None and doc.status is RunStatus.RUNNING:
@@ -133,7 +138,7 @@ def echo_run(
     if v["prompt"]:
         if v["prompt"]["message"]:
             click.echo(f"asks      {v['prompt']['message']}")
-        click.echo("waiting for answers (runfleet resume RUN --answer NAME=VALUE ...):")
+        click.echo(f"waiting for answers (runfleet resume {doc.run_id} --answer NAME=VALUE ...):")
         for q in v["prompt"]["questions"]:
             req = "" if q.get("required", True) else " (optional)"
             click.echo(f"  {q['name']}: {q['type']}{req}  {q.get('description', '')}".rstrip())
@@ -147,6 +152,43 @@ def echo_run(
     for node, out in v["outputs"].items():
         text = json.dumps(out, default=str)
         click.echo(f"  {node} = {text if len(text) <= 200 else text[:197] + '...'}")
+
+
+def next_line(doc: RunDocument) -> str | None:
+    """What a person can do next with a run that waits on one, by its status and code (a
+    newcomer's walkthrough: only a parked run said it). None when nothing is theirs to do: the
+    run is moving, finished, retried by itself, or asks its questions (the prompt lines)."""
+    run_id, code = doc.run_id, doc.failure_code
+    match doc.status:
+        case RunStatus.PAUSED_OPERATOR if code == FailureCode.BUDGET_EXCEEDED:
+            return (
+                f"raise the cap it reached and resume: `runfleet resume {run_id}"
+                " --max-iterations N` (or --max-duration, --max-cost-usd)"
+            )
+        case RunStatus.PAUSED_OPERATOR:
+            return f"`runfleet resume {run_id}` continues it from its checkpoint"
+        case RunStatus.FAILED_RESUMABLE if code == FailureCode.SCRATCH_NOT_PORTABLE:
+            return (
+                f"`runfleet resume {run_id} --accept-scratch-loss` continues it without its scratch"
+            )
+        case RunStatus.FAILED_RESUMABLE if code == FailureCode.AMBIGUOUS_EFFECT:
+            return (
+                "find out whether the node's effect happened (its events say what it did),"
+                f" then `runfleet resume {run_id}` runs the node again"
+            )
+        case RunStatus.FAILED_RESUMABLE if not is_auto_resumable(code):
+            return f"fix the cause, then `runfleet resume {run_id}`"
+        case RunStatus.FAILED:
+            return (
+                "it is not retried: fix the workflow or its inputs, then"
+                f" `runfleet rewind {run_id} --node NODE --file FIXED.yaml` and"
+                f" `runfleet resume {run_id}`, or launch it again"
+            )
+        case RunStatus.CANCELLED:
+            return f"`runfleet resume {run_id}` continues it from its checkpoint"
+        case RunStatus.RUNNING if lease_is_free(doc, utcnow(), LAPSED):
+            return next_step("running, no runner holds it").replace("RUN", run_id)
+    return None
 
 
 def cancel_line(doc: RunDocument) -> str:
