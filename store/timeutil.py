@@ -43,10 +43,11 @@ def iso_z(value: datetime) -> str:
     with `Z` and always six digits of fraction (`2026-12-01T15:00:11.189000Z`,
     `2026-12-01T15:00:11.000000Z`), so the strings sort as the instants do. (pydantic's own
     format drops a zero fraction, and `…:11Z` sorts after `…:11.189000Z`: a clock review.)"""
-    if value.tzinfo is None:
-        raise ValueError("naive datetime: runfleet only accepts timezone-aware UTC instants")
-    text = value.astimezone(UTC).isoformat(timespec="microseconds")
-    return text.removesuffix("+00:00") + "Z"
+    if value.tzinfo is not UTC:  # every instant a model holds is UTC already (`_coerce_utc`)
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: runfleet only accepts timezone-aware UTC instants")
+        value = value.astimezone(UTC)
+    return value.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" → "Z"
 
 
 def from_ms(value: int) -> datetime:
