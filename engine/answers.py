@@ -55,8 +55,12 @@ def coerce_answers(
     *,
     from_cli: bool,
     base_dir: Path | None,
+    answered_elsewhere: bool = False,
 ) -> dict[str, Any]:
     """Validate `raw` against `questions`; return the typed answers, one per question.
+
+    `answered_elsewhere`: the person did answer, in answers judged apart (`--answer` strings
+    that did not parse), so an empty `raw` is not "no answers at all" (`AnswersRequired`).
 
     `base_dir` anchors relative `@path`s (the operator's working directory); `None` means the
     process's current directory. A `file` answer becomes `{"path", "bytes", "sha256"}` of a
@@ -64,7 +68,7 @@ def coerce_answers(
     """
     by_name = {q.name: q for q in questions}
     missing = [q.name for q in questions if q.required and q.name not in raw]
-    if missing and not raw:
+    if missing and not raw and not answered_elsewhere:
         raise AnswersRequired(missing)
     expected = ", ".join(by_name) or "none"
     wrong = [

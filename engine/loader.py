@@ -150,33 +150,57 @@ def _yaml_problem(filename: str, exc: yaml.YAMLError, text: str = "") -> Workflo
             message += f" ({exc.context})"
         lines = text.splitlines()
         # The problem mark can be the line after the value that caused it (a block mapping's
-        # end): the hint looks at the marked line, then the one before.
+        # end): the hint looks at the marked line, then the one before, and is offered only
+        # when the file, with that line quoted, gets past it.
         for at in (line, line - 1):
-            hint = _quoting_hint(lines[at - 1]) if 0 < at <= len(lines) else None
+            hint = _quoting_hint(lines, at, line)
             if hint:
                 return WorkflowInvalid(filename, "", at, f"YAML: {message}; {hint}")
         return WorkflowInvalid(filename, "", line, f"YAML: {message}")
     return WorkflowInvalid(filename, "", 1, f"YAML: {exc}")
 
 
-_KEY_VALUE = re.compile(r"^(?P<lead>\s*(?:-\s+)?)(?P<key>[A-Za-z_][\w.-]*):\s+(?P<value>\S.*?)\s*$")
+_KEY_VALUE = re.compile(
+    r"^(?P<indent>\s*)(?P<item>-\s+)?(?P<key>[A-Za-z_][\w.-]*):\s+(?P<value>\S.*?)\s*$"
+)
 
 
-def _quoting_hint(source_line: str) -> str | None:
+def _quoting_hint(lines: list[str], at: int, failed_at: int) -> str | None:
     """ "quote the value: `run: 'echo a: b'`" for a plain value YAML reads as something else: one
     holding `: ` (a mapping), starting with `{{` (a flow mapping) or with a quoted part followed
     by more text. Found by a workflow author: "mapping values are not allowed here" and
-    "found unhashable key" said nothing of quoting, which is the fix for both."""
-    found = _KEY_VALUE.match(source_line)
+    "found unhashable key" said nothing of quoting, which is the fix for both. Offered only
+    when the value does not load as it is and the file with that line quoted composes, or
+    fails past `failed_at` (a review: a hint on a valid line above the real error suggested a
+    change that did not help)."""
+    if not 0 < at <= len(lines):
+        return None
+    found = _KEY_VALUE.match(lines[at - 1])
     if found is None:
         return None
-    value = found["value"]
-    if value[0] in "'\"" and value[-1] == value[0] and value.count(value[0]) == 2:
-        return None  # quoted already: the problem is elsewhere
+    value = found["value"].split(" #", 1)[0].rstrip()  # a plain value's comment stays out
+    if value.startswith(("{", "[")) and not value.startswith("{{"):
+        return None  # a flow collection: quoting would make it a string
     if ": " not in value and not value.startswith(("{{", "'", '"')):
         return None
+    try:
+        yaml.load(f"k: {value}", Loader=_SAFE_LOADER)
+        return None  # it loads as it is: the problem is elsewhere
+    except yaml.YAMLError:
+        pass
     quoted = "'" + value.replace("'", "''") + "'"
-    return f"quote the value: `{found['key']}: {quoted}`"
+    item = "- " if found["item"] else ""
+    suggested = f"{item}{found['key']}: {quoted}"
+    fixed = [*lines[: at - 1], found["indent"] + suggested, *lines[at:]]
+    try:
+        yaml.compose("\n".join(fixed), Loader=_SAFE_LOADER)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        if mark is None or mark.line + 1 <= failed_at:
+            return None
+    except yaml.YAMLError:
+        return None
+    return f"quote the value: `{suggested}`"
 
 
 def _compose(text: str, filename: str) -> yaml.Node:

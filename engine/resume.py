@@ -165,13 +165,38 @@ def _coerce_mixed(node: HumanNode, request: ResumeRequest) -> dict[str, Any]:
     """Parse the CLI strings first (every question optional for that pass), then check the
     merged answers strictly against the real schema."""
     merged = dict(request.answers)
-    if request.cli_answers:
-        optional = [q.model_copy(update={"required": False}) for q in node.questions]
-        parsed = coerce_answers(
-            optional, request.cli_answers, from_cli=True, base_dir=request.answers_base_dir
+    wrong: list[AnswersInvalid] = []
+    failed: set[str] = set()
+    optional = [q.model_copy(update={"required": False}) for q in node.questions]
+    for name, text in (request.cli_answers or {}).items():
+        # One at a time, so one that does not parse does not hide the others' problems: every
+        # wrong answer is named at once, as for typed answers (a review).
+        try:
+            parsed = coerce_answers(
+                optional, {name: text}, from_cli=True, base_dir=request.answers_base_dir
+            )
+        except AnswersInvalid as exc:
+            wrong.append(exc)
+            failed.add(name)
+            continue
+        merged[name] = parsed[name]
+    # A question whose answer did not parse is named once, for that, not again as missing.
+    questions = [
+        q.model_copy(update={"required": False}) if q.name in failed else q for q in node.questions
+    ]
+    try:
+        answers = coerce_answers(
+            questions,
+            merged,
+            from_cli=False,
+            base_dir=request.answers_base_dir,
+            answered_elsewhere=bool(wrong),
         )
-        merged.update({k: v for k, v in parsed.items() if k in request.cli_answers})
-    return coerce_answers(node.questions, merged, from_cli=False, base_dir=request.answers_base_dir)
+    except AnswersInvalid as exc:
+        wrong.append(exc)
+    if wrong:
+        raise AnswersInvalid.every(wrong)
+    return answers
 
 
 def claim_effects(run: RunDocument, spec: ResumeSpec) -> dict[str, Any]:

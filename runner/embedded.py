@@ -51,9 +51,11 @@ T = TypeVar("T")
 _PORT_LINE = re.compile(rb"slots, http :(\d+)")
 _ERROR_LINE = re.compile(rb"^error \[([a-z0-9_]+)\]: (.*)$", re.MULTILINE)
 QUICK_EXIT_S = 10.0
+"""A runner that dies sooner than this after its start is restarted after a delay."""
 ROOM_EVERY_S = 5.0
 """How often `up` asks its nats-servers whether JetStream still has room (`_watch_room`)."""
-"""A runner that dies sooner than this after its start is restarted after a delay."""
+ROOM_RESTART_MAX_S = 600.0
+"""The longest wait between two restarts of one server for room."""
 MAX_BACKOFF_S = 30.0
 
 
@@ -91,6 +93,8 @@ class NatsWatch:
     """What its JetStream last said of its room, while it has none (runner/jetstream_room.py)."""
     room_checked_at: float = 0.0
     room_restarts: int = 0
+    room_restart_after: float = 0.0
+    """No restart for room before this `time.monotonic()` (each one doubles the wait)."""
 
 
 async def _until_answered(deadline: float, ask: Callable[[], Awaitable[T]]) -> T:
@@ -191,6 +195,10 @@ class EmbeddedFleet:
         in the order of `_servers()`."""
         self.stopping = False
         self._stop = asyncio.Event()
+        self._server_ops = asyncio.Lock()
+        """Held while a nats-server of the fleet's is started or stopped (a restart after a
+        death, one for room, the final stop), so shutdown's stop never lands inside a restart
+        that would then start a server nobody stops (a review found one left running)."""
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self.names = WireNames()
@@ -391,12 +399,15 @@ class EmbeddedFleet:
         if now < watch.restart_at:
             return
         watch.started_at = now
-        try:
-            await asyncio.to_thread(server.start)
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            watch.restart_at = None  # judged again on the next turn, after a longer delay
-            log.error("%s did not start again: %s", label, str(exc).splitlines()[0])
-            return
+        async with self._server_ops:
+            if self.stopping:
+                return
+            try:
+                await asyncio.to_thread(server.start)
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                watch.restart_at = None  # judged again on the next turn, after a longer delay
+                log.error("%s did not start again: %s", label, str(exc).splitlines()[0])
+                return
         watch.restart_at = None
         watch.restarts += 1
         log.warning("%s restarted on port %s (restarts %d)", label, server.port, watch.restarts)
@@ -405,15 +416,25 @@ class EmbeddedFleet:
         """Every `ROOM_EVERY_S`, ask each running server whether its JetStream has room. One
         that has none is said once (up.log, the view), and restarted in place as soon as the
         disk has room again: a restart is the only thing that lifts its limit or mends a stream
-        that met a refused write (runner/jetstream_room.py). The runners reconnect by
-        themselves, as after a crash; nothing is lost (the streams are on disk)."""
+        whose write the disk refused (runner/jetstream_room.py). The runners reconnect by
+        themselves, as after a crash; nothing is lost (the streams are on disk). At most one
+        server is restarted a turn, a cluster's node only once it is ready again, so a
+        cluster whose nodes share the full disk keeps its quorum."""
+        try:
+            await self._judge_room()
+        except Exception:  # the supervision of runners and servers goes on
+            log.exception("checking the nats-servers' JetStream room failed; trying again later")
+
+    async def _judge_room(self) -> None:
         now = time.monotonic()
-        servers = [
+        due = [
             (label, server, watch)
             for (label, server), watch in zip(self._servers(), self.nats, strict=False)
-            if server.running and server.monitor_url and not server.paused
+            if server.running
+            and server.monitor_url
+            and not server.paused
+            and now - watch.room_checked_at >= ROOM_EVERY_S
         ]
-        due = [s for s in servers if now - s[2].room_checked_at >= ROOM_EVERY_S]
         if self.stopping or not due:
             return
         async with aiohttp.ClientSession() as session:
@@ -438,23 +459,38 @@ class EmbeddedFleet:
                         server.store_dir,
                     )
                 watch.room = room
-                if restart_helps(room, server.store_dir):
+                if time.monotonic() >= watch.room_restart_after and restart_helps(
+                    room, server.store_dir
+                ):
                     await self._restart_for_room(label, server, watch)
+                    return  # one a turn
 
     async def _restart_for_room(self, label: str, server: NatsServer, watch: NatsWatch) -> None:
-        log.warning(
-            "%s: the disk holding %s has room again; restarting the server to store again",
-            label,
-            server.store_dir,
-        )
-        try:
-            await asyncio.to_thread(server.restart)
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            # Left stopped: `_watch_nats` starts it again with its own backoff, and says so.
-            log.error("%s did not start again: %s", label, str(exc).splitlines()[0])
-            return
+        async with self._server_ops:
+            if self.stopping:
+                return
+            log.warning(
+                "%s: the disk holding %s has room again; restarting the server to store again",
+                label,
+                server.store_dir,
+            )
+            watch.last_exit = "stopped to store again (JetStream was full)"
+            # Each restart for room waits longer before the next: one that did not help (a
+            # disk that fills again at once) must not become a restart every few seconds.
+            watch.room_restarts += 1
+            watch.room_restart_after = time.monotonic() + min(
+                ROOM_RESTART_MAX_S, ROOM_EVERY_S * 2**watch.room_restarts
+            )
+            try:
+                await asyncio.to_thread(server.restart)
+                if isinstance(self.server, NatsCluster):
+                    k = self.server.nodes.index(server)
+                    await asyncio.to_thread(self.server.wait_ready, [k])
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                # A server left stopped is started again by `_watch_nats`, with its backoff.
+                log.error("%s did not start again: %s", label, str(exc).splitlines()[0])
+                return
         watch.room = None
-        watch.room_restarts += 1
         watch.room_checked_at = time.monotonic()
         log.warning("%s restarted on port %s with room to store", label, server.port)
 
@@ -597,7 +633,8 @@ class EmbeddedFleet:
             with contextlib.suppress(Exception):
                 await self._nc.close()
         if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
+            async with self._server_ops:  # after any restart in flight, never inside one
+                await asyncio.to_thread(self.server.stop)
             self._remove_url()
             if self._settings_written is not None:
                 fleet_settings.keep_location(self.data, self._settings_written)

@@ -33,6 +33,8 @@ ROOM_NEEDED = 4 * MiB
 GROWTH = 1.1
 """A limit-bound server is restarted only when that raises its limit by at least this factor."""
 _ASK_TIMEOUT_S = 2.0
+DISK_FULL = "no space left on device"
+"""ENOSPC's text in the write error nats-server's `/healthz` reports."""
 
 
 @dataclass(frozen=True)
@@ -81,18 +83,26 @@ async def read_room(session: aiohttp.ClientSession, monitor_url: str) -> Room | 
     config = jsz.get("config")
     limit = config.get("max_storage", 0) if isinstance(config, dict) else 0
     error = health.get("error")
+    # Only the disk's own refusal: a restart mends that once there is room. Other write
+    # errors (EIO, EACCES, a read-only remount) would be restarted into again and again.
     write_error = (
         str(error)
-        if health.get("status") != "ok" and isinstance(error, str) and "write error" in error
+        if health.get("status") != "ok" and isinstance(error, str) and DISK_FULL in error
         else None
     )
     return Room(stored=int(jsz.get("storage") or 0), limit=int(limit or 0), write_error=write_error)
 
 
+def _free(store_dir: Path) -> int:
+    try:
+        return shutil.disk_usage(store_dir).free
+    except OSError:  # the directory is gone or unreadable: no room that a restart could use
+        return 0
+
+
 def limit_after_restart(store_dir: Path, stored: int) -> int:
     """The limit a restart would give the store now (nats-server's own sizing, above)."""
-    free = shutil.disk_usage(store_dir).free
-    return free // 4 * 3 + stored // 4 * 3
+    return _free(store_dir) // 4 * 3 + stored // 4 * 3
 
 
 def restart_helps(room: Room, store_dir: Path) -> bool:
@@ -100,6 +110,6 @@ def restart_helps(room: Room, store_dir: Path) -> bool:
     if not room.full:
         return False
     if room.write_error is not None:
-        return shutil.disk_usage(store_dir).free >= ROOM_NEEDED
+        return _free(store_dir) >= ROOM_NEEDED
     after = limit_after_restart(store_dir, room.stored)
     return after >= room.limit * GROWTH and after - room.stored >= ROOM_NEEDED

@@ -178,6 +178,9 @@ def next_line(doc: RunDocument) -> str | None:
             )
         case RunStatus.FAILED_RESUMABLE if not is_auto_resumable(code):
             return f"fix the cause, then `runfleet resume {run_id}`"
+        case RunStatus.FAILED if doc.checkpoint is None:
+            # Failed before it ran (LAUNCH_FAILED): nothing to rewind to (a review).
+            return "it never ran: fix the cause, then launch it again (`runfleet launch FILE`)"
         case RunStatus.FAILED:
             return (
                 "it is not retried: fix the workflow or its inputs, then"

@@ -268,7 +268,8 @@ async def timeline_batches(
                 after_event = events[-1].seq
             if logged:
                 after_log = logged[-1][0]
-            entries = [entry for _, entry in logged if since is None or entry.at > since]
+            # `>=`: the merge puts an entry stamped in event N's millisecond after event N.
+            entries = [entry for _, entry in logged if since is None or entry.at >= since]
             if events or entries:
                 yield merge_timeline(events, entries)
             if not follow:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from runner.cli.views import echo_run, next_line
-from store import Lease, RunStatus, utcnow
+from store import Checkpoint, Lease, RunStatus, utcnow
 from tests.store.conftest import MakeRun
 from tests.store.conftest import make_run as make_run
 
@@ -45,7 +45,11 @@ S = RunStatus
         ),
         (
             S.FAILED,
-            {"failure_code": "TOOL_FAILED_PERMANENT", "error": "exit 2"},
+            {
+                "failure_code": "TOOL_FAILED_PERMANENT",
+                "error": "exit 2",
+                "checkpoint": Checkpoint(),
+            },
             "`runfleet rewind {id} --node NODE --file FIXED.yaml`",
         ),
     ],
@@ -100,3 +104,12 @@ def test_a_run_that_moves_by_itself_is_done_or_asks_its_questions_has_no_next_li
 def test_a_running_run_under_a_live_lease_has_no_next_line(make_run: MakeRun) -> None:
     live = Lease(owner="r:1", token="t", attempt=1, expires_at=utcnow() + timedelta(seconds=30))
     assert next_line(make_run(status=S.RUNNING, lease=live)) is None
+
+
+def test_a_run_that_failed_before_it_ran_is_told_to_launch_again_not_rewind(
+    make_run: MakeRun,
+) -> None:
+    doc = make_run(status=S.FAILED, failure_code="LAUNCH_FAILED", error="no such file")
+    step = next_line(doc)
+    assert step is not None
+    assert "launch it again" in step and "rewind" not in step

@@ -81,6 +81,45 @@ def test_up_restarts_its_nats_server_once_a_full_jetstream_disk_has_room_again(
         subprocess.run(["umount", "-l", str(store_dir)], check=False)
 
 
+@root_only
+def test_up_restarts_its_nats_server_once_a_disk_that_refused_a_write_has_room_again(
+    tmp_path: Path,
+) -> None:
+    """Another file filled the disk before JetStream reached its limit: the stream that met
+    the refused write stops storing until a restart, and the server's /healthz says so."""
+    fleet = tmp_path / "fleet"
+    store_dir = fleet / "data" / "nats" / "jetstream"
+    store_dir.mkdir(parents=True)
+    _mount(store_dir, 16)
+    try:
+        up = Up.start(fleet, runners=1)
+        try:
+            junk = store_dir / "junk"
+            free = os.statvfs(store_dir).f_bavail * os.statvfs(store_dir).f_frsize
+            with junk.open("wb") as out:
+                out.truncate(0)
+                out.write(b"\0" * max(0, free - 768 * 1024))
+            asyncio.run(_fill(up.nats_url))
+            eventually(
+                lambda: "JetStream cannot write" in up.output(),
+                within=30,
+                what="up saying JetStream cannot write",
+            )
+            assert "no space left on device" in up.output()
+            junk.unlink()
+            eventually(
+                lambda: "with room to store" in up.output(),
+                within=60,
+                what="up restarting its nats-server",
+            )
+            after = up.launch(HELLO)["run_id"]
+            up.wait_status(after, "finished", within=90)
+        finally:
+            stop_cleanly(up)
+    finally:
+        subprocess.run(["umount", "-l", str(store_dir)], check=False)
+
+
 def test_a_server_with_room_or_a_disk_still_full_is_not_restarted(tmp_path: Path) -> None:
     big = 10**15  # more than any disk here could free
     assert not restart_helps(Room(stored=1 * MiB, limit=100 * MiB), tmp_path)  # has room

@@ -95,3 +95,49 @@ async def test_answers_invalid_when_the_run_is_not_waiting_for_answers(
     # The remedy is this case's, not "correct the named answer" (found by a walkthrough).
     assert (info.value.remedy or "").startswith("resume it without answers")
     judge_resume(stopped, ResumeRequest())  # without answers it resumes
+
+
+MIXED = load_workflow(
+    """
+name: mixed
+entry: ask
+nodes:
+  ask:
+    kind: human
+    message: three questions
+    questions:
+      - name: n
+        type: int
+      - name: m
+        type: string
+      - name: ok
+        type: bool
+        required: false
+""",
+    "mixed.yaml",
+)
+
+
+async def test_every_wrong_answer_is_named_when_cli_strings_and_typed_answers_mix(
+    env: LocalEnv,
+) -> None:
+    """`--answer` strings are parsed before the typed answers are checked: one that did not
+    parse used to end the judgement there, hiding a missing answer and a wrong typed one."""
+    paused = await run_local(env, MIXED, {})
+    assert paused.status is RunStatus.PAUSED_WAITING_HUMAN
+
+    with pytest.raises(AnswersInvalid) as info:
+        judge_resume(paused, ResumeRequest(cli_answers={"n": "abc"}, answers={"ok": "x"}))
+
+    named = [name for name, _ in info.value.problems]
+    assert sorted(named) == ["m", "n", "ok"]  # each once: `n` for its text, not also as missing
+    assert "expected an int" in info.value.message and "is required" in info.value.message
+
+
+async def test_a_cli_answer_that_does_not_parse_is_named_even_when_it_is_the_only_one(
+    env: LocalEnv,
+) -> None:
+    paused = await run_local(env, MIXED, {})
+    with pytest.raises(AnswersInvalid) as info:
+        judge_resume(paused, ResumeRequest(cli_answers={"n": "abc"}))
+    assert sorted(name for name, _ in info.value.problems) == ["m", "n"]

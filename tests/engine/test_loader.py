@@ -461,7 +461,31 @@ def test_a_yaml_error_a_plain_value_caused_suggests_quoting_it(value: str, sugge
     assert load_workflow(fixed, "q.yaml").workflow.nodes["greet"]
 
 
-def test_a_yaml_error_elsewhere_suggests_no_quoting() -> None:
+HEAD = "name: q\nentry: g\nnodes:\n  g:\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "name: q\nnodes: [\n",
+        # A valid quoted value above a badly indented line (a review: it was offered a hint
+        # that turned the expression into a string and left the error where it was).
+        HEAD + "    kind: compute\n    set:\n      label: 'outputs.x == ''big'''\n     bad: x\n",
+        HEAD + '    kind: tool\n    run: "a \\"b\\": c"\n   bad: x\n',
+        # An unclosed flow mapping: quoting it would make the mapping a string.
+        HEAD + "    kind: tool\n    run: echo\n    env: {A: 1, B: 2\n",
+    ],
+    ids=["unclosed-list", "quoted-value-above-bad-indent", "escaped-quotes", "unclosed-flow"],
+)
+def test_a_yaml_error_a_plain_value_did_not_cause_suggests_no_quoting(text: str) -> None:
     with pytest.raises(WorkflowInvalid) as caught:
-        load_workflow("name: q\nnodes: [\n", "q.yaml")
+        load_workflow(text, "q.yaml")
     assert "quote the value" not in caught.value.problems[0].message
+
+
+def test_the_quoting_hint_keeps_a_list_items_dash_and_leaves_a_comment_out() -> None:
+    text = HEAD + "    kind: tool\n    run: echo\nedges:\n  - from: g\n    to: h\n"
+    text += "  - when: a: b  # why\n"
+    with pytest.raises(WorkflowInvalid) as caught:
+        load_workflow(text, "q.yaml")
+    assert "quote the value: `- when: 'a: b'`" in caught.value.problems[0].message

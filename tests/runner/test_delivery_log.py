@@ -27,6 +27,7 @@ from runner.delivery_log import (
 )
 from runner.runner import Runner
 from store import RunStatus, utcnow
+from store.timeutil import from_ms
 from tests.runner.callables import (
     body,
     bound_drain,
@@ -394,8 +395,12 @@ def test_an_entry_is_written_as_the_very_json_its_model_writes(fields: dict[str,
         **fields,
     }
     entry = {name: entry[name] for name in DeliveryEntry.model_fields if name != "at"}
-    entry["at"] = utcnow()
-    assert encode_entry(entry) == DeliveryEntry(**entry).model_dump_json().encode()  # type: ignore[arg-type]
+    # A whole second too: orjson wrote `…:11Z` where the model writes `…:11.000000Z` (a review).
+    for at in (utcnow(), from_ms(1_764_950_411_000)):
+        entry["at"] = at
+        written = encode_entry(entry)
+        assert written == DeliveryEntry(**entry).model_dump_json().encode()  # type: ignore[arg-type]
+    assert b'"at":"2025-12-05T16:00:11.000000Z"' in written
 
 
 def test_an_entry_orjson_refuses_is_still_written_and_names_its_run() -> None:
@@ -419,6 +424,25 @@ async def test_events_after_n_with_deliveries_leaves_out_the_deliveries_before_e
     await wait_log(fleet, run.run_id, lambda es: ("ack", "finished") in actions(es))
     stored = await fleet.store.read_events(run.run_id)
     scheduled = next(e for e in stored if e.type == "run_retry_scheduled")
+    # An entry stamped in that event's own millisecond: the merge puts it after the event, so
+    # it is after it here too (a review: `>` dropped it).
+    tie = {
+        **{name: None for name in DeliveryEntry.model_fields},
+        "v": 1,
+        "run_id": run.run_id,
+        "stream_seq": 1,
+        "num_delivered": 1,
+        "attempt": 1,
+        "action": "claim",
+        "reason": "same_millisecond",
+        "runner": "test",
+        "at": scheduled.at,
+    }
+    await fleet.js.publish(
+        fleet.names.delivery_subject(run.run_id),
+        encode_entry(tie),
+        stream=fleet.names.delivery_stream,
+    )
     result = await run_cli(
         fleet, "events", run.run_id, "--deliveries", "--after", str(scheduled.seq), "--json"
     )
@@ -428,4 +452,6 @@ async def test_events_after_n_with_deliveries_leaves_out_the_deliveries_before_e
     logged = [(d["action"], d["reason"]) for d in timeline if d["source"] == "delivery"]
     assert events and all(e["seq"] > scheduled.seq for e in events)
     assert ("claim", "fresh") not in logged  # the first claim came before that event
-    assert logged[-2:] == [("claim", "auto_retry"), ("ack", "finished")]
+    assert ("claim", "same_millisecond") in logged
+    # (appended last to the log, so the merge, which keeps the log's order, puts it last)
+    assert logged[-3:-1] == [("claim", "auto_retry"), ("ack", "finished")]
