@@ -292,7 +292,7 @@ class Execution(RunStops, NodeRuns):
             in_sandbox = counts_for_bank(node.kind)  # SANDBOX_KINDS (§7.4)
             if in_sandbox:
                 cp.sandbox_progress = cp.sandbox_done[node_id] = cp.progress + 1
-            self.events.defer("node_finished", node=node_id, in_sandbox=in_sandbox)
+            self.events.defer("node_finished", node=node_id, in_sandbox=in_sandbox, answered=False)
             nxt = await self._advance(node_id)
             if not isinstance(nxt, str):
                 return nxt

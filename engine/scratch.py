@@ -350,7 +350,9 @@ class ScratchBank:
         # nothing else writes the scratch; an isolated driver's quiesce is its own (§7.1).
         unquiesced = process_isolated
         result = BankOutcome("unknown", unquiesced=unquiesced)
-        recorded = -1
+        tried: BankOutcome | None = None
+        """The best result whose record write was tried: it may have landed (a reply lost)."""
+        recorded = False
         with _host_temp() as tmp:
             archive = tmp / "scratch.tgz"
             try:
@@ -358,13 +360,19 @@ class ScratchBank:
                     with attempt:
                         result = await self._tar(sandbox, host_dir, tmp, archive, deadline)
                         result.unquiesced = unquiesced
-                        if _RANK.get(result.state, 0) < recorded:
-                            break
-                        if result.state == "banked":
+                        if tried is not None and _RANK.get(result.state, 0) < _RANK[tried.state]:
+                            # A later try never replaces a record with less (§7.3): a record
+                            # write that raised may have landed, so its result is written
+                            # again (its archive, if any, is uploaded under the same key).
+                            # The guard could never run before: it was armed only after a
+                            # record write succeeded, which ends the retries (an audit).
+                            result = tried
+                        elif result.state == "banked":
                             assert self.blobs is not None
                             await self.blobs.put_file(bank_key(self.run_id, self.token), archive)
+                        tried = result
                         await self._record(result, progress)
-                        recorded = _RANK[result.state]
+                        recorded = True
             except LeaseLost:
                 raise
             except ArchiveOverCap as exc:
@@ -386,7 +394,11 @@ class ScratchBank:
                 result.unquiesced = unquiesced
                 await self._record_quietly(result, progress)
             except Exception as exc:  # noqa: BLE001 - the budget is spent: say so, record it
-                if recorded < 0:
+                if tried is not None and _RANK[tried.state] > 0:
+                    # A record of files or of an empty scratch may have landed: never less.
+                    result = tried
+                    await self._record_quietly(result, progress)
+                elif not recorded:
                     read = result.state != "unknown" or isinstance(exc, _NoBlobStore)
                     state: Literal["unbankable", "unknown"] = "unbankable" if read else "unknown"
                     result = BankOutcome(
@@ -397,7 +409,7 @@ class ScratchBank:
                         await self._record_quietly(result, progress)
                     # unknown (the scratch could not even be read, e.g. its pod is gone): the
                     # previous record stays, so a sandbox node finished since still refuses.
-            if recorded >= 0 and result.state in ("banked", "empty"):
+            if recorded and result.state in ("banked", "empty"):
                 await self._sweep(result, deadline)
         if not self._said:  # no record carried it (unknown, or a record the store refused)
             result.seconds = time.monotonic() - started

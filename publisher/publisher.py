@@ -246,9 +246,11 @@ class Publisher:
         tenant: str,
         run_id: str | None = None,
         attachments: Sequence[StagedFile] = (),
+        traceparent: str | None = None,
     ) -> RunDocument:
         """`attachments` were promoted to `run_id` before this call (SPEC §4, §8): the run
-        document lists them from its creation."""
+        document lists them from its creation. `traceparent`: the caller's W3C trace context,
+        carried on the message (SPEC §3)."""
         from engine.local import new_run_id
 
         resolve_vars(loaded.workflow, inputs)
@@ -279,7 +281,7 @@ class Publisher:
             ],
         )
         try:
-            ack = await self.publish(doc, "launch")
+            ack = await self.publish(doc, "launch", traceparent=traceparent)
         except (PublishFailed, DuplicatePublication) as exc:
             failed = await self.store.update_run(
                 doc.run_id,
@@ -336,6 +338,7 @@ class Publisher:
         tenant: str,
         kind: Literal["resume", "replay"] = "resume",
         dlq_record: int | None = None,
+        traceparent: str | None = None,
     ) -> RunDocument:
         """Judge (refusals in SPEC §4 order), queue by one CAS on the status and attempt read,
         publish, record. The loser of two concurrent resumes gets `run_not_resumable`."""
@@ -383,7 +386,9 @@ class Publisher:
             # its `Nats-Msg-Id` already is the sweeper's republish of this very attempt (a
             # resume stalled past the grace between its CAS and its publish; found by the
             # protocol model). Its copy carries the attempt: queued, not failed.
-            ack = await self.publish(result, kind, resume=copy, expect_new=False)
+            ack = await self.publish(
+                result, kind, resume=copy, expect_new=False, traceparent=traceparent
+            )
         except PublishFailed as exc:
             await self.flip_back(result, spec.prior_status, exc.message)
             raise

@@ -132,6 +132,12 @@ def echo_run(
                 f"expires in {left:.0f}s (its runner renews it while it lives; if that runner"
                 " died, the run is taken over once it lapses)"
             )
+        elif doc.origin == "local":
+            # No queue carries a local run: nothing takes it over by itself (an audit).
+            said = (
+                f"lapsed {-left:.0f}s ago (not renewed: `runfleet resume {doc.run_id} --local`"
+                " takes it over from its checkpoint)"
+            )
         else:
             said = f"lapsed {-left:.0f}s ago (not renewed: the run is taken over by a redelivery)"
         click.echo(f"lease     {doc.lease.owner}, {said}")
@@ -189,6 +195,11 @@ def next_line(doc: RunDocument) -> str | None:
             )
         case RunStatus.CANCELLED:
             return f"`runfleet resume {run_id}` continues it from its checkpoint"
+        case RunStatus.RUNNING if lease_is_free(doc, utcnow(), LAPSED) and doc.origin == "local":
+            return (
+                f"its process is gone: `runfleet resume {run_id} --local` takes it over from"
+                " its checkpoint"
+            )
         case RunStatus.RUNNING if lease_is_free(doc, utcnow(), LAPSED):
             return next_step("running, no runner holds it").replace("RUN", run_id)
     return None

@@ -13,6 +13,7 @@ other tenants.
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from engine.failures import FailureCode
@@ -60,6 +61,20 @@ def idempotent_run_id(tenant: str, key: str) -> str:
     return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}\n{key}"))
 
 
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+
+
+def traceparent(call: Call) -> str | None:
+    """The request's W3C `traceparent`, to carry on the message it queues (SPEC §3), or None
+    when it has none or one that does not parse (W3C Trace Context: a malformed one is
+    ignored, never refused)."""
+    value = call.request.headers.get("traceparent", "").strip().lower()
+    found = _TRACEPARENT.match(value)
+    if found is None or found[1] == "ff" or set(found[2]) == {"0"} or set(found[3]) == {"0"}:
+        return None
+    return value
+
+
 async def launch(call: Call) -> Reply:
     body = call.parsed(LaunchRequest)
     key = call.request.headers.get("Idempotency-Key")
@@ -75,7 +90,12 @@ async def launch(call: Call) -> Reply:
             pass
     try:
         doc = await ops.launch(
-            call.env, loaded, body.vars, run_id=run_id, attach_uploads=body.attachments
+            call.env,
+            loaded,
+            body.vars,
+            run_id=run_id,
+            attach_uploads=body.attachments,
+            traceparent=traceparent(call),
         )
     except RunAlreadyExists:  # a concurrent retry created it first
         assert run_id is not None
@@ -177,7 +197,7 @@ async def resume(call: Call) -> RunOut:
         budget=body.budget.to_budget() if body.budget is not None else None,
         new_source=load_workflow(body.workflow, "workflow.yaml") if body.workflow else None,
     )
-    return RunOut.of(await ops.resume(call.env, doc.run_id, request))
+    return RunOut.of(await ops.resume(call.env, doc.run_id, request, traceparent=traceparent(call)))
 
 
 async def cancel(call: Call) -> RunOut:

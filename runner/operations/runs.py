@@ -73,6 +73,7 @@ async def launch(
     run_id: str | None = None,
     attach_paths: Mapping[str, Path] | None = None,
     attach_uploads: Mapping[str, str] | None = None,
+    traceparent: str | None = None,
 ) -> RunDocument:
     """Queue a new run of `loaded` for the fleet (SPEC §4 Launch). A given `run_id` is created
     only if no run has it (`RunAlreadyExists`): what makes a retried API launch idempotent.
@@ -90,7 +91,7 @@ async def launch(
                 env, run_id, paths=attach_paths or {}, uploads=attach_uploads or {}, tenant=tenant
             )
         return await publisher.launch(
-            loaded, inputs, tenant=tenant, run_id=run_id, attachments=files
+            loaded, inputs, tenant=tenant, run_id=run_id, attachments=files, traceparent=traceparent
         )
 
 
@@ -104,6 +105,7 @@ async def run_local(
     interrupt: engine_local.LocalInterrupt | None = None,
     attach_paths: Mapping[str, Path] | None = None,
     attach_uploads: Mapping[str, str] | None = None,
+    traceparent: str | None = None,
 ) -> RunDocument:
     """Execute a new `local` run in this process to its outcome (no queue). `interrupt`: a
     person's stop, which ends the run `cancelled` with its checkpoint and lease released.
@@ -288,7 +290,12 @@ async def _time_of_event(env: Env, run_id: str, seq: int) -> datetime:
 
 
 async def resume(
-    env: Env, run_id: str, request: ResumeRequest, *, tenant: str | None = None
+    env: Env,
+    run_id: str,
+    request: ResumeRequest,
+    *,
+    tenant: str | None = None,
+    traceparent: str | None = None,
 ) -> RunDocument:
     """Resume through the queue (SPEC §4 Resume): refusals in order, one CAS, publish. A
     `file` answer given as a local path is staged first and sent as its upload id (§6.4)."""
@@ -298,7 +305,7 @@ async def resume(
     request = await uploads.stage_file_answers(env, run, request, tenant=tenant)
     try:
         async with env.publisher() as publisher, _naming_a_refused_bank(env, run_id):
-            return await publisher.resume(run_id, request, tenant=tenant)
+            return await publisher.resume(run_id, request, tenant=tenant, traceparent=traceparent)
     except NatsUnavailable as exc:
         if run.origin != "local":
             raise

@@ -113,3 +113,18 @@ def test_a_run_that_failed_before_it_ran_is_told_to_launch_again_not_rewind(
     step = next_line(doc)
     assert step is not None
     assert "launch it again" in step and "rewind" not in step
+
+
+def test_a_local_run_whose_process_is_gone_is_taken_over_with_resume_local(
+    make_run: MakeRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No queue carries a `runfleet run` run: nothing takes it over by itself, so neither the
+    lease line nor the next line may promise a redelivery (an audit)."""
+    lapsed = Lease(owner="vm:9", token="t", attempt=1, expires_at=utcnow() - timedelta(minutes=5))
+    doc = make_run(status=S.RUNNING, lease=lapsed, origin="local")
+    echo_run(doc)
+    out = capsys.readouterr().out
+    assert "redelivery" not in out and "sweeper" not in out
+    assert f"`runfleet resume {doc.run_id} --local` takes it over" in out
+    step = next_line(doc)
+    assert step is not None and "--local" in step

@@ -739,3 +739,41 @@ async def test_a_bank_past_its_budget_stops_its_reading_thread(
     assert not _archiving(), "a bank's tar is still reading after its budget"
     [banked] = await events_of(mongo, doc.run_id, "sandbox_scratch_banked")
     assert not banked.data["banked"] and "stopped" in banked.data["reason"], banked.data
+
+
+async def test_a_later_try_never_replaces_a_record_with_less_after_a_record_reply_was_lost(
+    mongo: RunStore, blobs: FlakyBlobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC §7.3: files > empty > unknown. The bank's record write landed but raised (a lost
+    reply); the retry's tar found the scratch unreadable (its sandbox gone). Recording that
+    `unknown` over the landed `banked` would lose a bank that is there: the guard must hold,
+    and it could never run before (it was armed only by a record write that succeeded)."""
+    import engine.scratch
+    from engine.scratch import BankOutcome, ScratchBank
+    from store import StoreUnavailable
+
+    a = host(mongo, blobs, tmp_path / "a")
+    doc = await parked(a)
+    real_record, real_tar = ScratchBank._record, ScratchBank._tar
+    calls = {"record": 0, "tar": 0}
+
+    async def lands_then_raises(self: Any, result: Any, progress: int) -> None:
+        calls["record"] += 1
+        await real_record(self, result, progress)
+        if calls["record"] == 1:
+            raise StoreUnavailable("the reply was lost (test fault)")
+
+    async def unreadable_the_second_time(self: Any, *args: Any) -> BankOutcome:
+        calls["tar"] += 1
+        if calls["tar"] >= 2:
+            return BankOutcome("unknown", reason="its sandbox is gone (test fault)")
+        outcome: BankOutcome = await real_tar(self, *args)
+        return outcome
+
+    monkeypatch.setattr(engine.scratch.ScratchBank, "_record", lands_then_raises)
+    monkeypatch.setattr(engine.scratch.ScratchBank, "_tar", unreadable_the_second_time)
+    doc = await resume_local(a, doc.run_id, ResumeRequest(answers=KEEP))  # runs `act`, parks
+    monkeypatch.undo()
+    assert calls["tar"] >= 2 and calls["record"] >= 2  # the retry happened
+    assert doc.scratch is not None and doc.scratch.state == "banked", doc.scratch
+    assert doc.scratch.key in await keys(blobs, doc.run_id)
