@@ -220,10 +220,13 @@ def _check_expansion(root: yaml.Node, filename: str) -> None:
     """
     sizes: dict[int, int] = {}
     on_path: set[int] = set()
+    aliased = False
 
     def size(node: yaml.Node) -> int:
+        nonlocal aliased
         key = id(node)
         if key in sizes:
+            aliased = True  # a node met twice: an alias
             return sizes[key]
         if key in on_path:
             line = node.start_mark.line + 1
@@ -238,9 +241,15 @@ def _check_expansion(root: yaml.Node, filename: str) -> None:
         for child in children:
             total += size(child)
             if total > MAX_VALUES:
-                raise WorkflowInvalid(
-                    filename, "", 1, f"YAML: aliases expand to more than {MAX_VALUES} values"
+                # A big file without aliases is not an alias problem (a scale drill: a
+                # 5 000-node workflow was told "aliases expand" and used none).
+                why = (
+                    f"aliases expand to more than {MAX_VALUES} values"
+                    if aliased
+                    else f"the workflow is too large: more than {MAX_VALUES} values (nodes,"
+                    " keys, list items); split it into smaller workflows"
                 )
+                raise WorkflowInvalid(filename, "", 1, f"YAML: {why}")
         on_path.discard(key)
         sizes[key] = total
         return total

@@ -51,9 +51,23 @@ def reachable(workflow: Workflow, start: str) -> set[str]:
     return seen
 
 
+def reaching(workflow: Workflow, target: str) -> set[str]:
+    """Every node from which `target` is reachable by one or more edges."""
+    seen: set[str] = set()
+    stack = workflow.predecessors(target)
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(workflow.predecessors(node))
+    return seen
+
+
 def dropped_by_rewind(workflow: Workflow, node: str) -> set[str]:
-    forward = reachable(workflow, node)
-    return {node} | {n for n in forward if node not in reachable(workflow, n)}
+    """`node` and what lies after it but cannot lead back to it: two walks, linear in the
+    edges (a scale drill: one walk per node after it took 3 minutes on a 1 500-node chain,
+    and froze the API serving the rewind)."""
+    return {node} | (reachable(workflow, node) - reaching(workflow, node))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -220,16 +221,33 @@ class Workflow(_Model):
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     edges: list[Edge] = Field(default_factory=list)
 
+    @cached_property
+    def _leaving(self) -> dict[str, list[Edge]]:
+        """Edges by the node they leave, in file order: built once, so walking a graph is
+        linear in its edges (a scale drill: each step scanned every edge, and a 5 000-node
+        chain took 3 minutes in-process)."""
+        by_node: dict[str, list[Edge]] = {}
+        for edge in self.edges:
+            by_node.setdefault(edge.from_, []).append(edge)
+        return by_node
+
+    @cached_property
+    def _entering(self) -> dict[str, list[str]]:
+        by_node: dict[str, list[str]] = {}
+        for edge in self.edges:
+            by_node.setdefault(edge.to, []).append(edge.from_)
+        return by_node
+
     def outgoing(self, node_id: str) -> list[Edge]:
         """Edges leaving `node_id`, in file order (the order `when`s are evaluated in)."""
-        return [e for e in self.edges if e.from_ == node_id]
+        return list(self._leaving.get(node_id, ()))
 
     def predecessors(self, node_id: str) -> list[str]:
         """Distinct nodes with an edge into `node_id`, in file order."""
-        return list(dict.fromkeys(e.from_ for e in self.edges if e.to == node_id))
+        return list(dict.fromkeys(self._entering.get(node_id, ())))
 
     def successors(self, node_id: str) -> set[str]:
-        return {e.to for e in self.edges if e.from_ == node_id}
+        return {e.to for e in self._leaving.get(node_id, ())}
 
     def guard_of(self, node_id: str) -> str | None:
         """The single predecessor a resumable fail node anchors on (SPEC §6.5), or `None`.

@@ -461,7 +461,7 @@ def test_a_yaml_error_a_plain_value_caused_suggests_quoting_it(value: str, sugge
     assert load_workflow(fixed, "q.yaml").workflow.nodes["greet"]
 
 
-HEAD = "name: q\nentry: g\nnodes:\n  g:\n"
+QUOTED_HEAD = "name: q\nentry: g\nnodes:\n  g:\n"
 
 
 @pytest.mark.parametrize(
@@ -470,10 +470,11 @@ HEAD = "name: q\nentry: g\nnodes:\n  g:\n"
         "name: q\nnodes: [\n",
         # A valid quoted value above a badly indented line (a review: it was offered a hint
         # that turned the expression into a string and left the error where it was).
-        HEAD + "    kind: compute\n    set:\n      label: 'outputs.x == ''big'''\n     bad: x\n",
-        HEAD + '    kind: tool\n    run: "a \\"b\\": c"\n   bad: x\n',
+        QUOTED_HEAD
+        + "    kind: compute\n    set:\n      label: 'outputs.x == ''big'''\n     bad: x\n",
+        QUOTED_HEAD + '    kind: tool\n    run: "a \\"b\\": c"\n   bad: x\n',
         # An unclosed flow mapping: quoting it would make the mapping a string.
-        HEAD + "    kind: tool\n    run: echo\n    env: {A: 1, B: 2\n",
+        QUOTED_HEAD + "    kind: tool\n    run: echo\n    env: {A: 1, B: 2\n",
     ],
     ids=["unclosed-list", "quoted-value-above-bad-indent", "escaped-quotes", "unclosed-flow"],
 )
@@ -484,7 +485,7 @@ def test_a_yaml_error_a_plain_value_did_not_cause_suggests_no_quoting(text: str)
 
 
 def test_the_quoting_hint_keeps_a_list_items_dash_and_leaves_a_comment_out() -> None:
-    text = HEAD + "    kind: tool\n    run: echo\nedges:\n  - from: g\n    to: h\n"
+    text = QUOTED_HEAD + "    kind: tool\n    run: echo\nedges:\n  - from: g\n    to: h\n"
     text += "  - when: a: b  # why\n"
     with pytest.raises(WorkflowInvalid) as caught:
         load_workflow(text, "q.yaml")

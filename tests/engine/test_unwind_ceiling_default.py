@@ -30,10 +30,10 @@ def test_spec_5_4_the_derived_unwind_ceiling_defaults_to_8_minutes() -> None:
 def test_spec_5_4_the_unwind_ceiling_is_derived_from_its_budgets_and_both_margins() -> None:
     """Never set by hand: each budget and both margins move it."""
     settings = EngineSettings(
-        node_cancel_budget="10s",  # type: ignore[arg-type]
-        teardown_budget="20s",  # type: ignore[arg-type]
-        scratch_bank_budget="15s",  # type: ignore[arg-type]
-        post_engine_budget="7s",  # type: ignore[arg-type]
-        unwind_margin="3s",  # type: ignore[arg-type]
+        node_cancel_budget=timedelta(seconds=10),
+        teardown_budget=timedelta(seconds=20),
+        scratch_bank_budget=timedelta(seconds=15),
+        post_engine_budget=timedelta(seconds=7),
+        unwind_margin=timedelta(seconds=3),
     )
     assert settings.unwind_ceiling == timedelta(seconds=10 + 3 + 20 + 7 + 3)

@@ -78,19 +78,19 @@ async def test_spec_5_3_an_auto_retry_claim_clears_failure_code_and_error(
     """A transient failure (auto-resumable) is auto-retried by its redelivery."""
     run_id = new_run_id()
     await fleet.store.create_run(failed_at_hold(run_id, gates, "SANDBOX_LOST"))
-    await publish_raw(
-        fleet.js, fleet.names.runs_subject, body(run_id, 1), run_id=run_id, attempt=1
-    )
+    await publish_raw(fleet.js, fleet.names.runs_subject, body(run_id, 1), run_id=run_id, attempt=1)
 
     doc = await running_under_claim(fleet, gates, run_id, attempt=1)
 
     assert doc.status is RunStatus.RUNNING
     assert doc.lease is not None and doc.lease.attempt == 1
     assert (doc.failure_code, doc.error) == (None, None)
-    claims = [e.data["path"] for e in await fleet.store.read_events(run_id) if e.type == "run_claimed"]
-    assert claims == ["auto_retry"]
     release(gates, run_id)
     await fleet.wait_status(run_id, "finished")
+    claims = [
+        e.data["path"] for e in await fleet.store.read_events(run_id) if e.type == "run_claimed"
+    ]
+    assert claims == ["auto_retry"]
 
 
 async def test_spec_5_3_a_fresh_claim_after_a_resume_clears_failure_code_and_error(
