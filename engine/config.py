@@ -50,6 +50,11 @@ class EngineSettings(RunfleetSettings):
         ge=1,
         description="the largest tool output spilled to the blob store (held in memory once)",
     )
+    output_events_max: Size = Field(
+        default=1024 * 1024,
+        ge=1,
+        description="a node run's output (stdout and stderr) kept as node_output events",
+    )
     lease_ttl: PositiveDuration = timedelta(seconds=30)
     lease_interval: PositiveDuration = timedelta(seconds=10)
     lease_skew: Duration = timedelta(seconds=2)

@@ -148,6 +148,7 @@ class NodeRuns:
                     self.events,
                     self.settings.output_spill_max if spills else self.settings.output_cap,
                     limit_name="RUNFLEET_OUTPUT_SPILL_MAX" if spills else "RUNFLEET_OUTPUT_CAP",
+                    events_max=self.settings.output_events_max,
                 )
             except SandboxError as exc:
                 if isinstance(exc, SandboxLost):  # SPEC §7.2: said, then the node fails at once

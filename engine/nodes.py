@@ -113,7 +113,13 @@ async def run_tool(
     output_cap: int,
     *,
     limit_name: str = "RUNFLEET_OUTPUT_CAP",
+    events_max: int = 1024 * 1024,
 ) -> NodeResult:
+    """Run a tool node's command. Its stdout is captured up to `output_cap`; the first stdout
+    byte past it stops the command (the node fails `OUTPUT_TOO_LARGE`, which no try would
+    change), and at most `events_max` bytes of its output become `node_output` events. A scale
+    drill found neither bounded: a tool printing without end ran to its timeout, was retried,
+    and wrote 2.4 GB of events into the store from one run."""
     try:
         command = render(node.run, scope, shell=True)
     except TemplateError as exc:
@@ -123,41 +129,60 @@ async def run_tool(
         return unrunnable
     box = await sandbox()
     captured = bytearray()
-    overflow = False
     pending: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    kept = 0
+    not_kept = 0
 
     async def flush(stream: str) -> None:
+        nonlocal kept, not_kept
         buf = pending[stream]
-        if buf:
-            text = bytes(buf).decode("utf-8", errors="replace")
-            buf.clear()
+        if not buf:
+            return
+        room = max(0, events_max - kept)
+        take, rest = bytes(buf[:room]), len(buf) - min(room, len(buf))
+        buf.clear()
+        not_kept += rest
+        if take:
+            kept += len(take)
+            text = take.decode("utf-8", errors="replace")
             await events.emit("node_output", node=node_id, stream=stream, text=text)
 
     async def on_output(stream: str, chunk: bytes) -> None:
-        nonlocal overflow
         if stream == "stdout":
             if len(captured) + len(chunk) > output_cap:
-                overflow = True
-            else:
-                captured.extend(chunk)
+                raise _OutputOverflow
+            captured.extend(chunk)
         pending[stream].extend(chunk)
         if len(pending[stream]) >= OUTPUT_CHUNK:
             await flush(stream)
 
-    result = await box.exec(command, timeout_s=node.timeout, on_output=on_output)
+    try:
+        result = await box.exec(command, timeout_s=node.timeout, on_output=on_output)
+    except _OutputOverflow:  # the sandbox stopped the command (`Sandbox.exec`'s contract)
+        result = None
     await flush("stdout")
     await flush("stderr")
+    if not_kept:
+        await events.emit(
+            "node_output",
+            node=node_id,
+            stream="stderr",
+            text=f"[runfleet: {not_kept} more bytes of output were not kept as events"
+            f" (RUNFLEET_OUTPUT_EVENTS_MAX={events_max})]",
+            truncated=True,
+        )
+    if result is None:
+        return NodeFailed(
+            FailureCode.OUTPUT_TOO_LARGE,
+            f"{node_id}: stdout exceeds {output_cap} bytes ({limit_name}); the command was"
+            " stopped there",
+        )
     if result.timed_out:
         return NodeFailed(FailureCode.TIMEOUT, f"{node_id}: timed out after {node.timeout:g}s")
     if result.exit_code == EXIT_TEMPFAIL:
         return NodeFailed(FailureCode.TOOL_FAILED_TRANSIENT, _tool_error(node_id, result))
     if result.exit_code != 0:
         return NodeFailed(FailureCode.TOOL_FAILED_PERMANENT, _tool_error(node_id, result))
-    if overflow:
-        return NodeFailed(
-            FailureCode.OUTPUT_TOO_LARGE,
-            f"{node_id}: stdout exceeds {output_cap} bytes ({limit_name})",
-        )
     text = bytes(captured).decode("utf-8", errors="replace")
     if node.output == "json":
         try:
@@ -165,6 +190,10 @@ async def run_tool(
         except json.JSONDecodeError as exc:
             return NodeFailed(FailureCode.SCHEMA_VALIDATION, f"{node_id}: stdout not JSON: {exc}")
     return NodeOk(text.rstrip("\n"))
+
+
+class _OutputOverflow(Exception):
+    """Raised from the output callback: the sandbox stops the command."""
 
 
 MAX_COMMAND_BYTES = 128 * 1024 - 1

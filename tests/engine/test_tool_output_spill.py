@@ -107,3 +107,51 @@ def test_a_template_or_expression_reading_into_a_spilled_output_names_the_spill(
     with pytest.raises(TemplateError) as plain:
         render("{{ outputs.small.x }}", {"outputs": {"small": {"y": 1}}}, shell=False)
     assert "blob store" not in str(plain.value)
+
+
+ENDLESS = """\
+name: endless
+entry: loud
+nodes:
+  loud:
+    kind: tool
+    timeout: 60s
+    retry: {max: 0}
+    run: yes 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'
+"""
+
+
+async def test_a_tool_printing_without_end_is_stopped_at_its_output_bound_and_keeps_few_events(
+    store: RunStore, tmp_path: Path
+) -> None:
+    """A scale drill: a tool that printed without end ran to its timeout (retried as
+    TIMEOUT) and every byte became a `node_output` event — 2.4 GB in the store from one run.
+    The first byte past the capture bound stops it, and the events keep a bounded share."""
+    path = tmp_path / "endless.yaml"
+    path.write_text(ENDLESS)
+    run, token = await claim_new(store, load_workflow_file(path))
+    events_max = 64 * 1024
+    execution = Execution(
+        store=store,
+        run=run,
+        token=token,
+        driver=LocalSandboxDriver(tmp_path / "data"),
+        settings=EngineSettings(
+            output_cap=CAP, output_spill_max=512 * 1024, output_events_max=events_max
+        ),
+        cancel=CancelSignal(),
+        data_dir=tmp_path / "data",
+        blobs=FilesystemBlobStore(tmp_path / "blobs"),
+    )
+    try:
+        outcome = await asyncio.wait_for(execution.run(), 50)
+    finally:
+        await execution.teardown()
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.code is FailureCode.OUTPUT_TOO_LARGE  # not TIMEOUT: it was stopped
+    assert "RUNFLEET_OUTPUT_SPILL_MAX" in outcome.error and "stopped" in outcome.error
+    outputs = [e for e in await store.read_events(run.run_id, 0, 10_000) if e.type == "node_output"]
+    kept = sum(len(e.data["text"].encode()) for e in outputs if not e.data.get("truncated"))
+    assert kept <= events_max
+    last = outputs[-1]
+    assert last.data.get("truncated") is True and "RUNFLEET_OUTPUT_EVENTS_MAX" in last.data["text"]
