@@ -115,6 +115,29 @@ async def test_event_batches_reads_a_runs_events_and_follow_ends_once_it_settled
         _ = [b async for b in ops.event_batches(env, "no-such-run")]
 
 
+async def test_every_event_of_a_run_longer_than_one_page_is_read_and_the_timeline_too(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scale drill: `events`, `events --deliveries`, the API's timeline and the console read
+    one page (10 000) of a 40 000-event run and stopped there without a word."""
+    import runner.operations.runs as runs_module
+
+    run = await ops.run_local(env, example("hello.yaml"), {})
+    stored = await env.store.read_events(run.run_id, 0, 1_000)
+    assert len(stored) > 4
+    monkeypatch.setattr(runs_module, "EVENTS_PAGE", 2)
+
+    read = [e.seq for b in [b async for b in ops.event_batches(env, run.run_id)] for e in b]
+    timeline = [
+        entry.event.seq
+        async for batch in ops.timeline_batches(env, run.run_id)
+        for entry in batch
+        if entry.event is not None
+    ]
+    assert sorted(read) == [e.seq for e in stored]
+    assert sorted(timeline) == [e.seq for e in stored]
+
+
 async def test_resume_queues_a_paused_run_as_its_next_attempt_on_the_stream(
     env: Env, nats_conn: Nats, names: WireNames
 ) -> None:
