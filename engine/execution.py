@@ -157,7 +157,9 @@ class Execution(RunStops, NodeRuns):
         if self._workflow is None:
             self._workflow = stored_workflow(self.run_doc.workflow.source, f"run {self.run_id}")
             if not self.checkpoint.vars:
-                self.checkpoint.vars = resolve_vars(self._workflow, self.run_doc.inputs)
+                self.checkpoint.vars = resolve_vars(
+                    self._workflow, self.run_doc.inputs, at_launch=False
+                )
         return self._workflow
 
     # -- the public steps ----------------------------------------------------------------------

@@ -55,3 +55,30 @@ def test_a_non_finite_number_var_is_refused_typed(workflow: Workflow, value: Any
     with pytest.raises(VarsInvalid) as info:
         resolve_vars(workflow, {"ratio": value})
     assert info.value.field == "ratio"
+
+
+BIG = """\
+name: big
+entry: a
+vars:
+  blob: {type: string, default: ""}
+  note: {type: string, default: ""}
+nodes:
+  a: {kind: compute, set: {n: "len(vars.blob)"}}
+"""
+
+
+def test_a_launchs_vars_over_their_bound_are_refused_naming_the_largest() -> None:
+    """A scale drill: a 50 MB var took a runner to 1.2 GB and made each checkpoint write slow;
+    nothing bounded it but the shell's argument limit (and the API's 4 MiB body)."""
+    from engine.vars import MAX_VARS_BYTES
+
+    workflow = load_workflow(BIG, "big.yaml").workflow
+    inputs = {"blob": "x" * MAX_VARS_BYTES, "note": "hi"}
+    with pytest.raises(VarsInvalid) as caught:
+        resolve_vars(workflow, inputs)
+    assert caught.value.field == "blob" and str(MAX_VARS_BYTES) in caught.value.message
+    assert caught.value.remedy is not None and "attachment" in caught.value.remedy
+    # A run launched before the bound, read back at its claim, is not refused now.
+    assert resolve_vars(workflow, inputs, at_launch=False)["blob"] == inputs["blob"]
+    assert resolve_vars(workflow, {"blob": "x" * (MAX_VARS_BYTES // 2)})["note"] == ""
