@@ -102,8 +102,10 @@ async def connect(
             raise NatsUnavailable(
                 f"the `runfleet up` fleet on {data} does not answer at {where}: {exc!r}",
                 remedy="retry in a few seconds (`runfleet up` restarts a nats-server that"
-                " died); if that `up` is gone, stop what still holds"
-                f" {data / 'up.lock'} and start the fleet again (`runfleet up`)",
+                " died); one that hangs without dying (`up.log` says it does not answer) is"
+                f" stopped with `pkill -f 'nats-server.*{data / 'nats'}'`, and `up` starts it"
+                f" again; if that `up` is gone, stop what still holds {data / 'up.lock'} and"
+                " start the fleet again (`runfleet up`)",
             ) from exc
         raise NatsUnavailable(f"cannot reach NATS at {where}: {exc!r}") from exc
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on, never give up

@@ -54,6 +54,8 @@ QUICK_EXIT_S = 10.0
 """A runner that dies sooner than this after its start is restarted after a delay."""
 ROOM_EVERY_S = 5.0
 """How often `up` asks its nats-servers whether JetStream still has room (`_watch_room`)."""
+SILENT_CHECKS = 3
+"""Checks in a row a live server's monitor must miss before `up` says it hangs."""
 ROOM_RESTART_MAX_S = 600.0
 """The longest wait between two restarts of one server for room."""
 MAX_BACKOFF_S = 30.0
@@ -95,6 +97,8 @@ class NatsWatch:
     room_restarts: int = 0
     room_restart_after: float = 0.0
     """No restart for room before this `time.monotonic()` (each one doubles the wait)."""
+    silent: int = 0
+    """Checks in a row its monitor did not answer, the process alive (a hung server)."""
 
 
 async def _until_answered(deadline: float, ask: Callable[[], Awaitable[T]]) -> T:
@@ -443,7 +447,23 @@ class EmbeddedFleet:
                 assert server.monitor_url is not None
                 room = await read_room(session, server.monitor_url)
                 if room is None:
+                    watch.silent += 1
+                    if watch.silent == SILENT_CHECKS:
+                        # A hung server is not a dead one: `_watch_nats` never restarts it, and
+                        # commands only time out (a network drill: SIGSTOP for 90 s).
+                        log.error(
+                            "%s (pid %s) does not answer (for %.0fs, alive): runners and"
+                            " commands wait on it; if it stays so, `kill %s` and `up` starts"
+                            " it again",
+                            label,
+                            server.pid,
+                            SILENT_CHECKS * ROOM_EVERY_S,
+                            server.pid,
+                        )
                     continue
+                if watch.silent >= SILENT_CHECKS:
+                    log.warning("%s answers again", label)
+                watch.silent = 0
                 if not room.full:
                     if watch.room is not None:
                         log.warning("%s: JetStream has room again", label)
@@ -538,6 +558,9 @@ class EmbeddedFleet:
         back), or running again after N restarts."""
         lines = []
         for (label, server), watch in zip(self._servers(), self.nats, strict=False):
+            if watch.silent >= SILENT_CHECKS and server.running:
+                lines.append(f"  {label}  pid {server.pid}  does not answer (hung?)")
+                continue
             if watch.room is not None and server.running:
                 lines.append(
                     f"  {label}  {watch.room.describe()}; free space on the disk holding"

@@ -130,3 +130,33 @@ def test_a_server_with_room_or_a_disk_still_full_is_not_restarted(tmp_path: Path
     assert restart_helps(refused, tmp_path)  # this disk has room: a restart mends the stream
     small = Room(stored=1 * MiB, limit=1 * MiB + FULL_MARGIN // 2)
     assert restart_helps(small, tmp_path)  # a limit this disk's free space raises
+
+
+def test_up_says_when_its_nats_server_hangs_and_when_it_answers_again(tmp_path: Path) -> None:
+    """A network drill: a nats-server that hangs (SIGSTOP) is not a dead one, so `up` never
+    restarted it and said nothing; commands only timed out, told that `up` restarts a server
+    that died."""
+    import signal
+
+    from tests.cli.conftest import cmdline
+
+    up = Up.start(tmp_path / "fleet", runners=1)
+    try:
+        (pid,) = [p for p in up.track() if "nats-server" in cmdline(p)]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            eventually(
+                lambda: "does not answer" in up.output(),
+                within=60,
+                what="up saying its nats-server hangs",
+            )
+            assert f"`kill {pid}`" in up.output()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        eventually(
+            lambda: "nats-server answers again" in up.output(),
+            within=60,
+            what="up saying it answers again",
+        )
+    finally:
+        stop_cleanly(up)
