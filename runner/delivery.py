@@ -33,7 +33,15 @@ from runner.lease import HeldLease
 from runner.metrics import status_label
 from runner.repair import repair_status_event
 from runner.services import RunnerServices
-from store import CasConflict, DocumentInvalid, RunDocument, RunNotFound, StoreError, utcnow
+from store import (
+    CasConflict,
+    DocumentInvalid,
+    RunDocument,
+    RunNotFound,
+    StoreError,
+    StoreUnavailable,
+    utcnow,
+)
 from store.staging import StagedUploadInvalid, StagedUploadNotFound
 
 log = logging.getLogger(__name__)
@@ -345,6 +353,11 @@ async def _run(svc: RunnerServices, execution: Execution, path: str) -> Outcome:
         return await execution.run()
     except LeaseLost:
         return Interrupted(CancelReason.LEASE_LOST)
+    except StoreUnavailable as exc:
+        # An outage, not a bug (a network drill: one runner paused holding SQLite's write
+        # lock): no traceback, and the run is retried like any transient failure.
+        log.warning("run %s: the store did not answer: %s", execution.run_id, exc)
+        return Failed(FailureCode.INTERNAL_ERROR, f"store unavailable: {str(exc)[:500]}")
     except Exception as exc:
         log.exception("run %s: execution failed unexpectedly", execution.run_id)
         return Failed(FailureCode.INTERNAL_ERROR, f"{type(exc).__name__}: {str(exc)[:500]}")
