@@ -40,7 +40,7 @@ from runner.console.sse import stream
 from runner.console.uploads_api import UPLOAD_ROUTES, file_answers
 from runner.operations.errors import IdempotencyKeyReused
 from runner.operations.retry_wait import waiting_retry
-from store import RunAlreadyExists, RunDocument, RunNotFound, RunStatus
+from store import Event, RunAlreadyExists, RunDocument, RunNotFound, RunStatus
 from store.settings import DURATION_FORM
 from store.timeutil import parse_duration
 
@@ -170,7 +170,11 @@ async def events(call: Call) -> EventPage:
     doc = await owned_run(call, call.path("run_id"))
     after = call.query_int("after", 0, 0, MAX_SEQ)
     limit = call.query_int("limit", 1000, 1, EVENTS_PAGE_MAX)
-    batch = [e async for b in ops.event_batches(call.env, doc.run_id, after=after) for e in b]
+    batch: list[Event] = []
+    async for read in ops.event_batches(call.env, doc.run_id, after=after):
+        batch.extend(read)
+        if len(batch) > limit:
+            break  # enough to fill this page and know another follows (not the whole run)
     kept = {e.seq for e in sorted(batch, key=lambda e: e.seq)[:limit]}
     page = [EventOut.of(e) for e in batch if e.seq in kept]
     return EventPage(events=page, next_after=max(kept) if len(batch) > limit else None)

@@ -130,6 +130,34 @@ async def test_events_page_by_seq_and_the_stream_follows_to_the_end(api: Api) ->
     assert frames[-1].startswith("event: end") and data[-1]["status"] == "finished"
 
 
+
+async def test_an_events_page_reads_only_what_it_needs_not_the_rest_of_the_run(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scale drill: each page of a 40 000-event run read every event after `after`, so
+    paging through it read the run forty times over."""
+    from runner.operations import runs as runs_module
+
+    await api.fleet.start_runner()
+    run = await launch(api)
+    await api.fleet.wait_status(run["run_id"], "finished")
+    monkeypatch.setattr(runs_module, "EVENTS_PAGE", 2)
+    reads: list[int] = []
+    read_events = api.env.store.read_events
+
+    async def counted(run_id: str, **kwargs: Any) -> Any:
+        got = await read_events(run_id, **kwargs)
+        reads.append(len(got))
+        return got
+
+    monkeypatch.setattr(api.env.store, "read_events", counted)
+    path = f"/api/v1/runs/{run['run_id']}/events"
+
+    _, first, _ = await api.call("GET", path, params={"limit": 2}, template=RUN + "/events")
+
+    assert [e["seq"] for e in first["events"]] == [1, 2] and first["next_after"] == 2
+    assert len(reads) == 2  # two pages of two: this page's two events, and that more follow
+
 async def test_resume_without_answers_is_422_and_with_them_resumes(api: Api) -> None:
     await api.fleet.start_runner()
     run = await launch(api, APPROVAL)
