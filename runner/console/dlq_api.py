@@ -35,6 +35,10 @@ from store import RunfleetError
 from store.settings import DURATION_FORM
 from store.timeutil import parse_duration
 
+DLQ_PAGE = 500
+"""Records in a page of `GET /api/v1/dlq` when the caller does not say."""
+DLQ_PAGE_MAX = 5_000
+
 
 async def owner_of(call: Call, record: DlqRecord) -> str:
     return await ops.record_owner(call.env, record, call.fleet_tenant)
@@ -92,12 +96,24 @@ async def selected_ids(call: Call, selection: DlqSelection, *, purge: bool) -> l
 
 
 async def list_records(call: Call) -> DlqList:
+    """One page of the caller's records by id (a drill: a DLQ of thousands came back as one
+    answer of megabytes). The DLQ stream is read whole either way; only the caller's records
+    after `after` are looked up for their owner, and only until the page is full."""
+    after = call.query_int("after", 0, 0, MAX_SEQ)
+    limit = call.query_int("limit", DLQ_PAGE, 1, DLQ_PAGE_MAX)
     records = await ops.list_records(
         call.env,
         reason=parse_reason(call.query_str("reason")),
         older_than=parse_older_than(call.query_str("older_than")),
     )
-    return DlqList(records=[DlqRecordOut.of(r) for r in await callers_records(call, records)])
+    page: list[DlqRecord] = []
+    for record in (r for r in records if r.id > after):
+        if await owner_of(call, record) != call.principal.tenant:
+            continue
+        if len(page) == limit:
+            return DlqList(records=[DlqRecordOut.of(r) for r in page], next_after=page[-1].id)
+        page.append(record)
+    return DlqList(records=[DlqRecordOut.of(r) for r in page], next_after=None)
 
 
 async def show_record(call: Call) -> DlqDetail:
@@ -185,6 +201,8 @@ DLQ_ROUTES: tuple[Route, ...] = (
         params=(
             Param("reason", "query", {"type": "string", "enum": list(DLQ_REASONS)}),
             Param("older_than", "query", {"type": "string"}, f"a duration: {DURATION_FORM}"),
+            Param("after", "query", {"type": "integer", "minimum": 0, "maximum": MAX_SEQ}),
+            Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": DLQ_PAGE_MAX}),
         ),
     ),
     Route(

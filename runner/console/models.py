@@ -267,6 +267,9 @@ class DlqRecordOut(BaseModel):
 
 class DlqList(BaseModel):
     records: list[DlqRecordOut]
+    next_after: int | None = Field(
+        default=None, description="pass as `after` for the next page; null on the last"
+    )
 
 
 class DlqDetail(BaseModel):

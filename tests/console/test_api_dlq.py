@@ -118,3 +118,25 @@ async def test_a_selection_must_name_ids_or_all(api: Api) -> None:
         "POST", "/api/v1/dlq/purge", json={"all": True, "older_than": "soon"}
     )
     assert status == 400 and "older_than" in body["error"]["message"]
+
+
+async def test_the_dlq_list_pages_by_id_over_the_callers_records_only(api: Api) -> None:
+    """A DLQ of thousands came back as one answer of megabytes: the list pages by record id,
+    and a page is filled with the caller's records, another tenant's skipped, not counted."""
+    dlq: DlqStore = api.fleet.dlq
+    run = await parked(api.env)
+    for record_id in (31, 32, 34):
+        await record_for(dlq, run, record_id)
+    await poison(dlq, 33)  # the fleet tenant's, which is the caller's here
+
+    _, first, _ = await api.call("GET", "/api/v1/dlq", params={"limit": 2})
+    _, second, _ = await api.call(
+        "GET", "/api/v1/dlq", params={"limit": 2, "after": first["next_after"]}
+    )
+    _, theirs, _ = await api.call("GET", "/api/v1/dlq", params={"limit": 1}, token=OP_B)
+
+    assert [r["id"] for r in first["records"]] == [31, 32] and first["next_after"] == 32
+    assert [r["id"] for r in second["records"]] == [33, 34] and second["next_after"] is None
+    assert theirs == {"records": [], "next_after": None}
+    status, body, _ = await api.call("GET", "/api/v1/dlq", params={"limit": 0})
+    assert status == 400 and body["error"]["code"] == "invalid_request"
