@@ -130,7 +130,6 @@ async def test_events_page_by_seq_and_the_stream_follows_to_the_end(api: Api) ->
     assert frames[-1].startswith("event: end") and data[-1]["status"] == "finished"
 
 
-
 async def test_an_events_page_reads_only_what_it_needs_not_the_rest_of_the_run(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -157,6 +156,7 @@ async def test_an_events_page_reads_only_what_it_needs_not_the_rest_of_the_run(
 
     assert [e["seq"] for e in first["events"]] == [1, 2] and first["next_after"] == 2
     assert len(reads) == 2  # two pages of two: this page's two events, and that more follow
+
 
 async def test_resume_without_answers_is_422_and_with_them_resumes(api: Api) -> None:
     await api.fleet.start_runner()

@@ -204,3 +204,20 @@ async def fleet(tmp_path: Path, nats_server: NatsServer, nats_prefix: str) -> As
         await nc.close()
         await blobs.close()
         await store.close()
+
+
+@pytest.fixture
+async def two_deliveries(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[Fleet]:
+    """A fleet whose consumer delivers a message at most twice: the second is the last."""
+    from tests.runner.callables import open_fleet
+
+    async with open_fleet(tmp_path / "two", nats_server, max_deliver=2) as fleet:
+        yield fleet
+
+
+@pytest.fixture
+def gates(tmp_path: Path) -> Path:
+    """The directory the `hold` workflows' gate files live in (`tests.runner.callables`)."""
+    d = tmp_path / "gates"
+    d.mkdir()
+    return d

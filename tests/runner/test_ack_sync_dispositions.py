@@ -14,7 +14,6 @@ message, so the broker sees exactly what it would have.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,8 @@ import pytest
 from nats.aio.msg import Msg
 
 from runner.deliveries import Delivery
-from tests.runner.callables import bound_drain, calls, entered, open_fleet, workflow
+from tests.runner.callables import bound_drain, calls, entered, workflow
 from tests.runner.conftest import Fleet, eventually
-from tests.support.nats_server import NatsServer
 
 Calls = dict[tuple[int, int], list[str]]
 """(stream sequence, delivery number) → the disposition methods called on that delivery."""
@@ -71,20 +69,6 @@ def dispositions(monkeypatch: pytest.MonkeyPatch) -> Calls:
 
     monkeypatch.setattr(Delivery, "from_msg", staticmethod(spied))
     return seen
-
-
-@pytest.fixture
-def gates(tmp_path: Path) -> Path:
-    d = tmp_path / "gates"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-async def two_deliveries(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[Fleet]:
-    """A fleet whose consumer delivers a message at most twice: the second is the last."""
-    async with open_fleet(tmp_path, nats_server, max_deliver=2) as fleet:
-        yield fleet
 
 
 async def test_spec_5_4_every_ack_on_a_last_delivery_is_ack_sync(

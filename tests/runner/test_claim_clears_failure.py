@@ -30,13 +30,6 @@ from tests.runner.conftest import Fleet, eventually
 
 
 @pytest.fixture
-def gates(tmp_path: Path) -> Path:
-    d = tmp_path / "gates"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
 async def runner(fleet: Fleet) -> AsyncIterator[Runner]:
     runner = await fleet.start_runner(sweeper=False, backstop=False)
     yield runner

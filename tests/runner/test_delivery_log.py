@@ -59,13 +59,6 @@ async def runner(fleet: Fleet) -> Runner:
     return await fleet.start_runner(sweeper=False, backstop=False)
 
 
-@pytest.fixture
-def gates(tmp_path: Path) -> Path:
-    d = tmp_path / "gates"
-    d.mkdir()
-    return d
-
-
 async def log_of(fleet: Fleet, run_id: str) -> list[DeliveryEntry]:
     return [entry for _, entry in await read_deliveries(fleet.js, fleet.names, run_id)]
 

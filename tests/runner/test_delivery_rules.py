@@ -50,13 +50,6 @@ S = RunStatus
 UNBANKABLE = ScratchRecord(state="unbankable", bytes=10)
 
 
-@pytest.fixture
-def gates(tmp_path: Path) -> Path:
-    d = tmp_path / "gates"
-    d.mkdir()
-    return d
-
-
 @pytest.fixture(autouse=True)
 async def _quick_drain(fleet: Fleet) -> AsyncIterator[None]:
     yield

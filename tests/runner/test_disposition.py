@@ -44,13 +44,6 @@ async def _quick_drain(fleet: Fleet) -> AsyncIterator[None]:
 
 
 @pytest.fixture
-def gates(tmp_path: Path) -> Path:
-    d = tmp_path / "gates"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
 async def small_fleet(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[Fleet]:
     """A fleet whose consumer delivers each message at most twice."""
     async with open_fleet(tmp_path / "small", nats_server, max_deliver=2) as fleet:
