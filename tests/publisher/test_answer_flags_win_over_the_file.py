@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from engine.resume import ResumeRequest
 from publisher import Publisher
-from store import Checkpoint, RunStatus, RunStore
+from store import Checkpoint, RunDocument, RunStatus, RunStore
 from tests.publisher.conftest import approval_pending, put_run
 
 
-async def test_spec_6_4_answer_flags_win_over_the_answers_file_for_the_same_question(
-    publisher: Publisher, run_store: RunStore
-) -> None:
-    run = await put_run(
+async def waiting_for_approval(run_store: RunStore) -> RunDocument:
+    """`approval.yaml` paused at its question, `approved` (a bool) and `note` (a string)."""
+    return await put_run(
         run_store,
         status=RunStatus.PAUSED_WAITING_HUMAN,
         workflow="approval.yaml",
@@ -26,6 +25,12 @@ async def test_spec_6_4_answer_flags_win_over_the_answers_file_for_the_same_ques
             progress=1, completed=["prepare"], pending_interaction=approval_pending()
         ),
     )
+
+
+async def test_spec_6_4_answer_flags_win_over_the_answers_file_for_the_same_question(
+    publisher: Publisher, run_store: RunStore
+) -> None:
+    run = await waiting_for_approval(run_store)
     request = ResumeRequest(
         answers={"approved": True, "note": "from the file"},  # --answers-file (typed JSON)
         cli_answers={"approved": "false", "note": "from a flag"},  # --answer k=v
@@ -41,14 +46,7 @@ async def test_spec_6_4_the_answers_file_still_answers_what_no_flag_names(
     publisher: Publisher, run_store: RunStore
 ) -> None:
     """Flags win per question, not wholesale: the file's other answers stay."""
-    run = await put_run(
-        run_store,
-        status=RunStatus.PAUSED_WAITING_HUMAN,
-        workflow="approval.yaml",
-        checkpoint=Checkpoint(
-            progress=1, completed=["prepare"], pending_interaction=approval_pending()
-        ),
-    )
+    run = await waiting_for_approval(run_store)
     request = ResumeRequest(
         answers={"approved": True, "note": "from the file"},
         cli_answers={"approved": "false"},

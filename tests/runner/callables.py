@@ -23,6 +23,7 @@ from engine.nodes import CallContext
 from publisher.wire import HDR_ATTEMPT, HDR_MSG_ID, HDR_SCHEMA, msg_id
 from store import (
     CasConflict,
+    Checkpoint,
     Eq,
     Lease,
     Origin,
@@ -307,3 +308,22 @@ async def idle_runner(fleet: Any, owner: str = "idle", **settings: Any) -> Any:
     await runner.start()
     fleet.runners.append(runner)
     return runner
+
+
+def failed_at_hold(run_id: str, gates: Path, code: str) -> RunDocument:
+    """`hold.yaml` parked `failed_resumable` at its `hold` node by an earlier execution."""
+    return new_run(
+        "hold",
+        run_id=run_id,
+        status=RunStatus.FAILED_RESUMABLE,
+        failure_code=code,
+        error=f"{code}: the earlier execution's failure",
+        inputs={"dir": str(gates)},
+        checkpoint=Checkpoint(
+            restart_node="hold",
+            outputs={"before": {"ready": "yes"}},
+            completed=["before"],
+            progress=1,
+            vars={"dir": str(gates)},
+        ),
+    )

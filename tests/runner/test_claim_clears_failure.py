@@ -17,12 +17,12 @@ import pytest
 from engine.local import new_run_id
 from engine.resume import ResumeRequest
 from runner.runner import Runner
-from store import Checkpoint, RunDocument, RunStatus
+from store import RunDocument, RunStatus
 from tests.runner.callables import (
     body,
     bound_drain,
     entered,
-    new_run,
+    failed_at_hold,
     publish_raw,
     release,
 )
@@ -34,25 +34,6 @@ async def runner(fleet: Fleet) -> AsyncIterator[Runner]:
     runner = await fleet.start_runner(sweeper=False, backstop=False)
     yield runner
     bound_drain(fleet.runners)
-
-
-def failed_at_hold(run_id: str, gates: Path, code: str) -> RunDocument:
-    """`hold.yaml` parked `failed_resumable` at its `hold` node by an earlier execution."""
-    return new_run(
-        "hold",
-        run_id=run_id,
-        status=RunStatus.FAILED_RESUMABLE,
-        failure_code=code,
-        error=f"{code}: the earlier execution's failure",
-        inputs={"dir": str(gates)},
-        checkpoint=Checkpoint(
-            restart_node="hold",
-            outputs={"before": {"ready": "yes"}},
-            completed=["before"],
-            progress=1,
-            vars={"dir": str(gates)},
-        ),
-    )
 
 
 async def running_under_claim(fleet: Fleet, gates: Path, run_id: str, attempt: int) -> RunDocument:

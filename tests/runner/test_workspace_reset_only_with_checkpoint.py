@@ -15,8 +15,7 @@ import pytest
 
 from engine.local import new_run_id
 from runner.runner import Runner
-from store import Checkpoint, RunStatus
-from tests.runner.callables import body, bound_drain, new_run, publish_raw, release, workflow
+from tests.runner.callables import body, bound_drain, failed_at_hold, publish_raw, release, workflow
 from tests.runner.conftest import Fleet
 
 HELLO = """\
@@ -59,23 +58,7 @@ async def test_spec_5_3_run_workspace_reset_is_appended_at_claim_only_when_a_che
     its `run_claimed`."""
     await fleet.start_runner(sweeper=False, backstop=False)
     retried = new_run_id()
-    await fleet.store.create_run(
-        new_run(
-            "hold",
-            run_id=retried,
-            status=RunStatus.FAILED_RESUMABLE,
-            failure_code="SANDBOX_LOST",
-            error="SANDBOX_LOST: the earlier execution's sandbox went away",
-            inputs={"dir": str(gates)},
-            checkpoint=Checkpoint(
-                restart_node="hold",
-                outputs={"before": {"ready": "yes"}},
-                completed=["before"],
-                progress=1,
-                vars={"dir": str(gates)},
-            ),
-        )
-    )
+    await fleet.store.create_run(failed_at_hold(retried, gates, "SANDBOX_LOST"))
     release(gates, retried)  # `hold` returns at once
     await publish_raw(
         fleet.js, fleet.names.runs_subject, body(retried, 1), run_id=retried, attempt=1
