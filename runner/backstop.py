@@ -44,6 +44,9 @@ from store.events import all_events
 
 log = logging.getLogger(__name__)
 
+SPENT = "the message reached max_deliver without a disposition"
+"""The error of a run the backstop parks (and the start of it, when the log says more)."""
+
 TRANSIENT_NAK = 5.0
 """Seconds before an advisory nak'd for a store or NATS error is judged again."""
 UNRECORDABLE_NAK = 30.0
@@ -264,7 +267,7 @@ class Backstop:
         detail = f"status {run.status} {run.failure_code or ''}".strip()
         await self._record(seq, body, headers, message, "max_deliveries", detail, True)
         try:
-            parked = await self._park_cas(run)
+            parked = await self._park_cas(run, SPENT + await self._spent_while_owned(run, seq))
         except Exception:
             await self._withdraw(seq)  # the catch-all then records what stopped the park
             raise
@@ -275,7 +278,31 @@ class Backstop:
         await self._delete(seq)
         return "parked", None
 
-    async def _park_cas(self, run: RunDocument) -> RunDocument | CasConflict:
+    async def _spent_while_owned(self, run: RunDocument, seq: int) -> str:
+        """What the park's error adds when the delivery log shows the message's deliveries
+        were spent while the run's owner lived (a network drill: a runner cut off from NATS but
+        not from the store kept its lease, the others nak'd every redelivery, §5.2, and the
+        park read as if nothing had held the run). Empty when the log says otherwise or cannot
+        be read: the park never waits on it."""
+        from runner.delivery_log import read_deliveries  # the park path only
+
+        try:
+            logged = [e for _, e in await read_deliveries(self.svc.js, self.svc.names, run.run_id)]
+        except Exception as exc:  # noqa: BLE001 - an explanation, never a reason not to park
+            log.debug("backstop: run %s's delivery log unread (%r)", run.run_id, exc)
+            return ""
+        mine = [e for e in logged if e.stream_seq == seq]
+        naks = [e for e in mine if e.reason == "redelivery_while_owner_lives"]
+        if not naks:
+            return ""
+        owners = sorted({e.runner for e in mine if e.action == "claim"})
+        owner = " or ".join(owners) if owners else "its owner"
+        return (
+            f"; {len(naks)} of its deliveries came while {owner} held the run and were nak'd"
+            " (§5.2): that runner could not settle its own delivery — was it cut off from NATS?"
+        )
+
+    async def _park_cas(self, run: RunDocument, error: str) -> RunDocument | CasConflict:
         svc = self.svc
         return await svc.store.update_run(
             run.run_id,
@@ -285,7 +312,7 @@ class Backstop:
                     "status": RunStatus.FAILED_RESUMABLE,
                     "failure_code": FailureCode.DLQ_PARKED,
                     "cause_code": run.failure_code,
-                    "error": "the message reached max_deliver without a disposition",
+                    "error": error,
                 },
                 unset=["lease"],
             ),

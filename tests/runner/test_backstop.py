@@ -17,7 +17,8 @@ from nats.js.errors import NotFoundError
 from engine.local import new_run_id
 from publisher.dlq import DlqRecord
 from publisher.errors import RecordNotFound
-from runner.backstop import Backstop
+from runner.backstop import SPENT, Backstop
+from runner.delivery_log import DeliveryLog, read_deliveries
 from runner.runner import Runner
 from store import RunDocument, RunStatus, StoreError, StoreUnavailable
 from tests.runner.callables import (
@@ -255,6 +256,39 @@ async def test_backstop_otherwise_records_parks_dlq_parked_and_deletes(
     assert not await present(fleet, seq)
     # Settling again (a redelivered advisory) finds the message gone: nothing more happens.
     assert await backstop.settle(seq) == ("gone", None)
+
+
+async def test_a_park_after_deliveries_spent_while_the_owner_lived_says_who_held_the_run(
+    fleet: Fleet, backstop: Backstop
+) -> None:
+    """A network drill: a runner cut off from NATS but not from the store kept its lease, the
+    others nak'd every redelivery (§5.2), and when its execution ended unsettled the park
+    said only that the message ran out of deliveries. The delivery log knows more."""
+    held = await create(fleet, S.FAILED_RESUMABLE, failure_code="SANDBOX_LOST")
+    plain = await create(fleet, S.FAILED_RESUMABLE, failure_code="SANDBOX_LOST")
+    seq = await put_for(fleet, held.run_id)
+    plain_seq = await put_for(fleet, plain.run_id)
+    log = DeliveryLog(fleet.nc, fleet.names, "runner-b")
+    await log.record(held.run_id, seq, 1, "claim", "fresh", attempt=1, runner="runner-cut-off")
+    for n in (2, 3, 4):
+        await log.record(held.run_id, seq, n, "nak", "redelivery_while_owner_lives", attempt=1)
+    await log.record(held.run_id, seq + 100, 1, "nak", "redelivery_while_owner_lives")  # not it
+    await log.record(plain.run_id, plain_seq, 1, "nak", "transient", attempt=1)
+
+    async def logged() -> bool:
+        entries = await read_deliveries(fleet.js, fleet.names, held.run_id)
+        others = await read_deliveries(fleet.js, fleet.names, plain.run_id)
+        return len(entries) == 5 and len(others) == 1
+
+    await eventually(logged)
+    assert await backstop.settle(seq) == ("parked", None)
+    assert await backstop.settle(plain_seq) == ("parked", None)
+
+    said = (await fleet.store.get_run(held.run_id)).error or ""
+    assert said.startswith(SPENT)
+    assert "3 of its deliveries came while runner-cut-off held the run" in said
+    assert "cut off from NATS" in said
+    assert (await fleet.store.get_run(plain.run_id)).error == SPENT
 
 
 async def test_backstop_lease_expired_within_the_skew_is_still_held(
