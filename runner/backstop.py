@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 SPENT = "the message reached max_deliver without a disposition"
 """The error of a run the backstop parks (and the start of it, when the log says more)."""
+EXPLAIN_WITHIN_S = 2.0
+"""How long a park may spend reading the run's delivery log for its explanation."""
 
 TRANSIENT_NAK = 5.0
 """Seconds before an advisory nak'd for a store or NATS error is judged again."""
@@ -265,9 +267,10 @@ class Backstop:
         records again (same id) and parks; if the run has moved on by then, the settled branch
         of `settle` withdraws the record the park never followed (`_withdraw_unparked`)."""
         detail = f"status {run.status} {run.failure_code or ''}".strip()
+        error = SPENT + await self._spent_while_owned(run, seq)  # before the record, bounded
         await self._record(seq, body, headers, message, "max_deliveries", detail, True)
         try:
-            parked = await self._park_cas(run, SPENT + await self._spent_while_owned(run, seq))
+            parked = await self._park_cas(run, error)
         except Exception:
             await self._withdraw(seq)  # the catch-all then records what stopped the park
             raise
@@ -283,11 +286,16 @@ class Backstop:
         were spent while the run's owner lived (a network drill: a runner cut off from NATS but
         not from the store kept its lease, the others nak'd every redelivery, §5.2, and the
         park read as if nothing had held the run). Empty when the log says otherwise or cannot
-        be read: the park never waits on it."""
+        be read within `EXPLAIN_WITHIN_S`: the park waits on it no longer than that."""
         from runner.delivery_log import read_deliveries  # the park path only
 
         try:
-            logged = [e for _, e in await read_deliveries(self.svc.js, self.svc.names, run.run_id)]
+            logged = [
+                e
+                for _, e in await asyncio.wait_for(
+                    read_deliveries(self.svc.js, self.svc.names, run.run_id), EXPLAIN_WITHIN_S
+                )
+            ]
         except Exception as exc:  # noqa: BLE001 - an explanation, never a reason not to park
             log.debug("backstop: run %s's delivery log unread (%r)", run.run_id, exc)
             return ""

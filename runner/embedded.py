@@ -199,6 +199,8 @@ class EmbeddedFleet:
         in the order of `_servers()`."""
         self.stopping = False
         self._stop = asyncio.Event()
+        self._room_turn: asyncio.Task[None] | None = None
+        """The room check in flight, if any (`_watch_room`)."""
         self._server_ops = asyncio.Lock()
         """Held while a nats-server of the fleet's is started or stopped (a restart after a
         death, one for room, the final stop), so shutdown's stop never lands inside a restart
@@ -423,7 +425,15 @@ class EmbeddedFleet:
         whose write the disk refused (runner/jetstream_room.py). The runners reconnect by
         themselves, as after a crash; nothing is lost (the streams are on disk). At most one
         server is restarted a turn, a cluster's node only once it is ready again, so a
-        cluster whose nodes share the full disk keeps its quorum."""
+        cluster whose nodes share the full disk keeps its quorum.
+
+        A turn runs as a task of its own: a hung server's monitor takes seconds to not
+        answer, and a restart waits for the node to catch up, while the supervision loop
+        must keep restarting dead runners every half second (a review)."""
+        if self._room_turn is None or self._room_turn.done():
+            self._room_turn = asyncio.create_task(self._judge_room_logged())
+
+    async def _judge_room_logged(self) -> None:
         try:
             await self._judge_room()
         except Exception:  # the supervision of runners and servers goes on
@@ -502,10 +512,10 @@ class EmbeddedFleet:
                 ROOM_RESTART_MAX_S, ROOM_EVERY_S * 2**watch.room_restarts
             )
             try:
-                await asyncio.to_thread(server.restart)
-                if isinstance(self.server, NatsCluster):
-                    k = self.server.nodes.index(server)
-                    await asyncio.to_thread(self.server.wait_ready, [k])
+                if isinstance(self.server, NatsCluster):  # and wait until it caught up
+                    await asyncio.to_thread(self.server.restart, self.server.nodes.index(server))
+                else:
+                    await asyncio.to_thread(server.restart)
             except (RuntimeError, TimeoutError, OSError) as exc:
                 # A server left stopped is started again by `_watch_nats`, with its backoff.
                 log.error("%s did not start again: %s", label, str(exc).splitlines()[0])
@@ -655,6 +665,8 @@ class EmbeddedFleet:
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.close()
+        if self._room_turn is not None:
+            await self._room_turn  # it ends at once now, or after the restart it began
         if self.server is not None:
             async with self._server_ops:  # after any restart in flight, never inside one
                 await asyncio.to_thread(self.server.stop)

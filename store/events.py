@@ -33,9 +33,10 @@ class AppendsDrafts(ABC):
         """Append with `seq = max(seq) + 1`, gap-free per run (see `RunStore.append_event`)."""
 
 
-async def all_events(store: RunStore, run_id: str, *, page: int = 1000) -> AsyncIterator[Event]:
-    """Every event of the run, by seq, read `page` at a time."""
-    after = 0
+async def all_events(
+    store: RunStore, run_id: str, *, after: int = 0, page: int = 1000
+) -> AsyncIterator[Event]:
+    """Every event of the run after seq `after`, by seq, read `page` at a time."""
     while True:
         events = await store.read_events(run_id, after_seq=after, limit=page)
         for event in events:

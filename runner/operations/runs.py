@@ -41,6 +41,7 @@ from store import (
     StoreError,
     utcnow,
 )
+from store.events import all_events
 
 if TYPE_CHECKING:
     from engine import local as engine_local
@@ -105,7 +106,6 @@ async def run_local(
     interrupt: engine_local.LocalInterrupt | None = None,
     attach_paths: Mapping[str, Path] | None = None,
     attach_uploads: Mapping[str, str] | None = None,
-    traceparent: str | None = None,
 ) -> RunDocument:
     """Execute a new `local` run in this process to its outcome (no queue). `interrupt`: a
     person's stop, which ends the run `cancelled` with its checkpoint and lease released.
@@ -268,14 +268,11 @@ async def timeline_batches(
     since = await _time_of_event(env, run_id, after) if after > 0 else None
     async with env.publisher() as publisher:
         while True:
-            events: list[Event] = []
-            while True:  # every page of events there is now, to merge with the whole log
-                page = await env.store.read_events(run_id, after_seq=after_event, limit=EVENTS_PAGE)
-                events.extend(page)
-                if page:
-                    after_event = page[-1].seq
-                if len(page) < EVENTS_PAGE:
-                    break
+            # every page of events there is now, to merge with the whole log
+            pages = all_events(env.store, run_id, after=after_event, page=EVENTS_PAGE)
+            events = [e async for e in pages]
+            if events:
+                after_event = events[-1].seq
             logged = await read_deliveries(publisher.js, publisher.names, run_id, after=after_log)
             if logged:
                 after_log = logged[-1][0]
