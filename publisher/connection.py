@@ -75,7 +75,19 @@ async def connect(
         await nc.connect(**options)  # type: ignore[arg-type]
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         where = ",".join(redact(u) for u in settings.nats_servers())
-        if settings.nats_url is None and not (settings.data / NATS_URL_FILE).is_file():
+        no_url = not (settings.data / NATS_URL_FILE).is_file()
+        if settings.nats_url is None and no_url and _held(settings.data / UP_LOCK_FILE):
+            # An `up` holds the data dir but has written no `nats.url`: it writes it once its
+            # streams take messages (a cluster elects for seconds), and removes it as it stops.
+            data = settings.data.resolve()
+            raise NatsUnavailable(
+                f"the `runfleet up` fleet on {data} is starting or stopping: it has not written"
+                f" {NATS_URL_FILE} (it does once its streams take messages)",
+                remedy="wait until `runfleet up` prints that it runs, then retry; an `up` on a"
+                " NATS of its own (RUNFLEET_NATS_URL) writes no such file: set the same"
+                " RUNFLEET_NATS_URL here",
+            ) from exc
+        if settings.nats_url is None and no_url:
             # Neither RUNFLEET_NATS_URL nor a fleet's `nats.url`: the fallback address was
             # tried, and what the person needs to hear is that no fleet runs here.
             data = settings.data.resolve()

@@ -37,6 +37,7 @@ from publisher.config import WireSettings
 from publisher.dlq import DlqStore
 from publisher.errors import (
     DuplicatePublication,
+    JetStreamUnavailable,
     PublishFailed,
     ResumeTooLarge,
 )
@@ -127,9 +128,10 @@ class Publisher:
         body, headers = encode(message, traceparent=traceparent, sweep=sweep)
         tries = 0
         in_process = 0
+        stream_seen = False  # the stream answered its info after a publish nobody took
 
         async def send() -> PubAck:
-            nonlocal tries, in_process
+            nonlocal tries, in_process, stream_seen
             tries += 1
             try:
                 return await self.js.publish(
@@ -140,7 +142,7 @@ class Publisher:
                     headers=headers,
                 )
             except NoStreamResponseError:
-                await self._unless_stream_missing()
+                stream_seen = await self._unless_stream_missing() or stream_seen
                 raise
             except APIError as exc:
                 in_process += msg_id_in_process(exc)
@@ -163,6 +165,20 @@ class Publisher:
             # Every nats-py error of a publish (an APIError too) is a failed publish: the caller
             # puts the run back. The remedy says what to fix (a missing stream, a timeout...).
             cause = translate_nats_error(exc)
+            if isinstance(exc, NoStreamResponseError):
+                # Not "the stream is missing": the probe after each such try would have said
+                # so (404) and ended the tries. The stream is there and unled, or JetStream
+                # itself does not answer.
+                why = (
+                    "it exists but has no leader"
+                    if stream_seen
+                    else "JetStream did not answer for it either"
+                )
+                cause = JetStreamUnavailable(
+                    f"no server took the message for stream {self.names.runs_stream}: {why}"
+                    " (a NATS cluster starting, or electing after a node left; or JetStream not"
+                    " enabled)"
+                )
             raise PublishFailed(
                 f"run {run.run_id}: publishing attempt {run.attempt} failed after {tries}"
                 f" tries: {cause.message}",
@@ -184,11 +200,12 @@ class Publisher:
             )
         return ack
 
-    async def _unless_stream_missing(self) -> None:
+    async def _unless_stream_missing(self) -> bool:
         """After "no stream took the message": a stream that does not exist is said at once
         (JetStream's 404 `stream not found` propagates, not retried), since the publish would
         fail every try; anything else (a stream whose leader is being elected answers nothing
-        for a few seconds on a cluster) leaves the publish to be tried again."""
+        for a few seconds on a cluster) leaves the publish to be tried again. True when the
+        stream answered its info (it exists: the publish met an election)."""
         try:
             await asyncio.wait_for(self.js.stream_info(self.names.runs_stream), _PROBE_S)
         except APIError as exc:
@@ -196,6 +213,9 @@ class Publisher:
                 raise
         except (nats.errors.Error, TimeoutError):
             pass
+        else:
+            return True
+        return False
 
     async def _retry(self, send: Callable[[], Awaitable[PubAck]], left: float) -> PubAck:
         """Tries 2 … `publish_attempts` after a first one that failed retryably, on the

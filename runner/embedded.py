@@ -232,16 +232,21 @@ class EmbeddedFleet:
             )
             await asyncio.to_thread(self.server.start)
             self.nats_url = self.server.url  # a cluster's: its servers, comma-separated
-            # The settings first: a command that sees `nats.url` finds what the fleet runs with.
-            self._settings_written = fleet_settings.write(
-                self.data, fleet_settings.shared_settings(self._env(), Path.cwd())
-            )
-            self._write_url()
         replicas = self.nats_cluster if self.nats_cluster > 1 else wire.stream_replicas
         wire = WireSettings(data=self.data, nats_url=self.nats_url, stream_replicas=replicas)
         self._nc, self._js = await connect(wire, name="runfleet-up")
         self.names = WireNames(wire.namespace)
         self.ensured = await self._ensure_streams(self._js, wire)
+        if self.server is not None:
+            # `nats.url` says "launch now": written once the streams take messages. Written at
+            # the server's start, a `launch` on a cluster's data dir ran while the raft groups
+            # still elected and failed "no stream took the message" (CI, a loaded machine);
+            # a command before it is told the fleet is starting (`publisher.connection`). The
+            # settings first: a command that sees `nats.url` finds what the fleet runs with.
+            self._settings_written = fleet_settings.write(
+                self.data, fleet_settings.shared_settings(self._env(), Path.cwd())
+            )
+            self._write_url()
         for i in range(self.count):
             rp = RunnerProcess(i, self.data / "logs" / f"runner-{i}.log")
             self.procs.append(rp)

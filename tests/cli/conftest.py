@@ -212,6 +212,8 @@ class Up:
     runners: int
     seen: set[int] = field(default_factory=set)
     """Every child pid of `up` observed (nats-server, runner processes, restarted ones)."""
+    ready_before: list[int] = field(default_factory=list)
+    """Each runner's ready lines in its log before this start (an earlier `up`'s)."""
 
     @classmethod
     def start(
@@ -249,6 +251,10 @@ class Up:
                 start_new_session=True,
             )
         up = cls(data, env, proc, out_path, runners)
+        # Ready lines of an earlier `up` on this data dir are in the same logs: only a new one
+        # says this start's runner consumes (counting the old ones, a second start on a
+        # cluster's data dir "was ready" while its streams still elected).
+        up.ready_before = [len(up.ready_lines(i)) for i in range(runners)]
         try:
             eventually(up._ready, within=START_WITHIN_S, what="`runfleet up` ready")
         except BaseException:
@@ -260,7 +266,7 @@ class Up:
     def _ready(self) -> bool:
         assert self.proc.poll() is None, f"`runfleet up` exited:\n{self.output()}"
         return (self.data / "nats.url").is_file() and all(
-            len(self.ready_lines(i)) >= 1 for i in range(self.runners)
+            len(self.ready_lines(i)) > self.ready_before[i] for i in range(self.runners)
         )
 
     # -- what it shows ----------------------------------------------------------------------

@@ -8,11 +8,13 @@ next start. And an `up` removes only the `nats.url` it wrote.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,6 +173,41 @@ async def test_up_removes_only_the_nats_url_it_wrote(tmp_path: Path, rewritten: 
         assert url_file.read_text() == "nats://127.0.0.1:4222\n"
     else:
         assert not url_file.exists()
+
+
+@pytest.mark.usefixtures("own_nats")
+async def test_up_writes_nats_url_only_once_its_streams_take_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nats.url` is what tells a command the fleet takes launches. Written at the server's
+    start, a `launch` on a cluster's data dir ran while its streams still elected leaders and
+    failed "no stream took the message" (CI on a loaded machine). Here the streams' wait is
+    held open: no `nats.url` until it returns."""
+    data = tmp_path / "data"
+    store = await open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+    fleet = EmbeddedFleet(data=data, runners=0, slots=1, store=store)
+    entered, release = asyncio.Event(), asyncio.Event()
+    real = EmbeddedFleet._ensure_streams
+
+    async def held(self: EmbeddedFleet, js: Any, wire: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await real(self, js, wire)
+
+    monkeypatch.setattr(EmbeddedFleet, "_ensure_streams", held)
+    starting = asyncio.create_task(fleet.start())
+    try:
+        await asyncio.wait_for(entered.wait(), 30)
+        assert not (data / "nats.url").exists()
+        release.set()
+        await asyncio.wait_for(starting, 30)
+        assert (data / "nats.url").read_text().strip() == fleet.nats_url
+    finally:
+        release.set()
+        if not starting.done():
+            starting.cancel()
+        await fleet.shutdown(5)
+        await store.close()
 
 
 def test_up_on_a_data_dir_it_cannot_write_is_a_usage_error_naming_the_setting(

@@ -37,11 +37,11 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError, ServerError
+from nats.js.errors import NotFoundError, ServerError, ServiceUnavailableError
 
 from publisher.queue_snapshot import QueueSnapshot, queue_snapshot
 from tests.model.broker import MSG_ID, Clock, Delivered, StreamInfoApi, WorkQueue
-from tests.support.nats_cluster import Cluster, nats_cluster
+from tests.support.nats_cluster import Cluster, leader_other_than, nats_cluster
 from tests.support.nats_server import NatsServer
 
 __all__ = ["nats_cluster"]  # the module-scoped cluster fixture, imported for the cluster cases
@@ -225,6 +225,13 @@ class NatsBroker:
             f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.stream}.runners", cb=advisory
         )
         self.psub = await self.js.pull_subscribe_bind("runners", stream=self.stream)
+        if self.cluster is not None:
+            # A replicated stream and consumer answer only once their raft groups have elected:
+            # a pull before that gets a 503 (seen in CI on a loaded machine), which no test here
+            # means to pin. The runner waits the same way (`leaderless`, `runner.embedded`).
+            async with self.cluster.client() as (watcher, _):
+                await leader_other_than(watcher, self.stream, None, exclude=None)
+                await leader_other_than(watcher, self.stream, "runners", exclude=None)
 
     async def publish(self, data: bytes, msg_id: str | None = None) -> PubAck:
         return await self.js.publish(
@@ -236,6 +243,10 @@ class NatsBroker:
         try:
             msgs = await self.psub.fetch(batch, timeout=wait)
         except (nats.errors.TimeoutError, TimeoutError):
+            return []
+        except ServiceUnavailableError:
+            # A pull during an election is refused with a 503; the runner's puller raises
+            # `PullRefused` for it and its loop pulls again (runner/runner.py): so does this.
             return []
         return [_NatsDelivery(m, self.nc) for m in msgs]
 

@@ -298,3 +298,24 @@ async def test_cli_against_a_server_without_jetstream_exits_4_jetstream_unavaila
     assert listed.code == 4, listed.stdout + listed.stderr
     assert "error [jetstream_unavailable]" in listed.stderr
     assert "internal" not in listed.stderr
+
+
+async def test_cli_launch_that_no_stream_takes_is_not_called_a_missing_stream(
+    server_without_jetstream: str, names: WireNames, tmp_path: Path
+):
+    """A publish nobody took, where the stream was not reported missing (404), is JetStream
+    not answering: a cluster electing (CI: the first launch after `up` restarted a cluster),
+    or JetStream off. `streams ensure` would not help; the remedy says to wait and what a
+    server needs."""
+    env = {**cli_env(server_without_jetstream, names, tmp_path / "data")}
+    env["RUNFLEET_PUBLISH_ATTEMPTS"] = "2"
+    result = await runfleet(
+        "launch", str(EXAMPLES / "hello.yaml"), "--json", env=env, cwd=tmp_path
+    )
+    assert result.code == 4, result.stdout + result.stderr
+    error = result.json()["error"]
+    assert error["code"] == "publish_failed"
+    assert "failed after 2 tries" in error["message"]
+    assert "no server took the message" in error["message"]
+    assert "streams ensure" not in error["remedy"]
+    assert "wait a few seconds and retry" in error["remedy"]

@@ -71,6 +71,21 @@ async def test_a_url_file_left_by_a_fleet_that_is_gone_says_to_start_one(
     assert "start the fleet again" in (caught.value.remedy or "")
 
 
+async def test_a_fleet_that_has_not_written_its_url_yet_is_said_to_be_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` writes `nats.url` only once its streams take messages (a cluster elects for
+    seconds first): a command meanwhile finds the lock held and no URL. "No fleet is running"
+    would be wrong; it is told to wait for `up`."""
+    monkeypatch.setattr(NatsSettings, "nats_servers", lambda self: [NOTHING_THERE])
+    with held_lock(tmp_path / UP_LOCK_FILE), pytest.raises(NatsUnavailable) as caught:
+        await connect(NatsSettings(data=tmp_path, nats_url=None))
+    assert caught.value.message.startswith(
+        f"the `runfleet up` fleet on {resolved(tmp_path)} is starting or stopping"
+    )
+    assert "wait until `runfleet up` prints that it runs" in (caught.value.remedy or "")
+
+
 @contextlib.contextmanager
 def held_lock(path: Path) -> Iterator[None]:
     with open(path, "w") as fh:
