@@ -309,9 +309,7 @@ async def test_cli_launch_that_no_stream_takes_is_not_called_a_missing_stream(
     server needs."""
     env = {**cli_env(server_without_jetstream, names, tmp_path / "data")}
     env["RUNFLEET_PUBLISH_ATTEMPTS"] = "2"
-    result = await runfleet(
-        "launch", str(EXAMPLES / "hello.yaml"), "--json", env=env, cwd=tmp_path
-    )
+    result = await runfleet("launch", str(EXAMPLES / "hello.yaml"), "--json", env=env, cwd=tmp_path)
     assert result.code == 4, result.stdout + result.stderr
     error = result.json()["error"]
     assert error["code"] == "publish_failed"

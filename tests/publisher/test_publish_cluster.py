@@ -26,7 +26,7 @@ from publisher.errors import DuplicatePublication
 from publisher.wire import HDR_MSG_ID, msg_id
 from store.sqlite import SqliteRunStore
 from tests.publisher.conftest import example, wire_settings
-from tests.support.nats_cluster import Cluster, nats_cluster
+from tests.support.nats_cluster import Cluster, leader_other_than, nats_cluster
 
 __all__ = ["nats_cluster"]  # the module-scoped fixture, imported for this module's tests
 
@@ -45,6 +45,10 @@ async def on_cluster(
     store = await SqliteRunStore.open(tmp_path / "runs.db")
     try:
         await ensure_streams(js, names, settings)
+        # The runs stream led before a test publishes (its create answers before a leader
+        # that took over from an earlier test's step-down has its subscription: a 503).
+        async with nats_cluster.client() as (watcher, _):
+            await leader_other_than(watcher, names.runs_stream, None, exclude=None)
         yield (
             Publisher(
                 store=store,
