@@ -21,6 +21,7 @@ from publisher.dlq import DlqRecord, DlqStore
 from publisher.errors import PublishFailed, RecordNotReplayable, StaleRecord
 from publisher.wire import MessageKind, ResumeCopy
 from store import RunDocument, RunNotFound, RunStatus, RunStore
+from store.events import events_newest_first
 
 if TYPE_CHECKING:
     from nats.js.api import PubAck
@@ -209,14 +210,9 @@ async def _finish(pub: ReplayPublisher, run: RunDocument, stage: ReplayStage) ->
 
 async def _ensure_queued_event(store: RunStore, run_id: str, attempt: int) -> None:
     """`run_queued` for `attempt`, unless one is there (events are a projection, §2)."""
-    after = 0
-    while True:
-        events = await store.read_events(run_id, after_seq=after, limit=_EVENT_PAGE)
-        if any(e.type == "run_queued" and e.data.get("attempt") == attempt for e in events):
-            return
-        if len(events) < _EVENT_PAGE:
-            break
-        after = events[-1].seq
+    async for e in events_newest_first(store, run_id, page=_EVENT_PAGE):
+        if e.type == "run_queued" and e.data.get("attempt") == attempt:
+            return  # most often the last event or near it: read from the newest back
     await store.append_event(
         run_id, "run_queued", {"attempt": attempt, "kind": "replay"}, attempt=attempt
     )

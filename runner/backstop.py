@@ -40,7 +40,7 @@ from store import (
     lease_is_free,
     utcnow,
 )
-from store.events import all_events
+from store.events import events_newest_first
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +363,7 @@ class Backstop:
 
     async def _parked_event_exists(self, run: RunDocument) -> bool:
         """Whether the run has a `run_dlq_parked` event at its current attempt."""
-        async for e in all_events(self.svc.store, run.run_id):
+        async for e in events_newest_first(self.svc.store, run.run_id):
             if e.type == "run_dlq_parked" and e.attempt == run.attempt:
                 return True
         return False

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from engine.failures import FailureCode
 from store import RunDocument, RunStatus, RunStore, lease_is_free
+from store.events import events_newest_first
 
 _EVENT_FOR = {
     RunStatus.FINISHED: "run_finished",
@@ -54,28 +55,18 @@ async def repair_status_event(
     kind = status_event(run)
     if kind is None or not lease_is_free(run, now, skew):
         return False
-    # Read the whole history once: the run's last claim at this attempt, and whether anything
-    # after it already says how the run settled (the status's own event, or an operator's
-    # rewind / flip-back, which write their own events).
-    claimed_at: int | None = None
-    settled_after: list[int] = []
-    after = 0
-    while True:
-        events = await store.read_events(run.run_id, after_seq=after, limit=1000)
-        for e in events:
-            if e.type == "run_claimed" and e.attempt == run.attempt:
-                claimed_at = e.seq
-            elif e.type in _SETTLING:
-                settled_after.append(e.seq)
-        if len(events) < 1000:
+    # Read back from the newest event to the run's last claim at this attempt: anything after
+    # it that says how the run settled (the status's own event, or an operator's rewind /
+    # flip-back, which write their own events) means there is nothing to repair. Only a status
+    # an execution of this attempt reached is repaired: a resume whose publish "failed" puts
+    # the run back without any execution, and a copy of it that landed later must not invent
+    # an event for a status nobody reached at that attempt (no claim: nothing to repair).
+    async for e in events_newest_first(store, run.run_id):
+        if e.type == "run_claimed" and e.attempt == run.attempt:
             break
-        after = events[-1].seq
-    if claimed_at is None:
-        # Only a status an execution of this attempt reached is repaired: a resume whose
-        # publish "failed" puts the run back without any execution, and a copy of it that
-        # landed later must not invent an event for a status nobody reached at that attempt.
-        return False
-    if any(seq > claimed_at for seq in settled_after):
+        if e.type in _SETTLING:
+            return False
+    else:
         return False
     data: dict[str, object] = {"repaired": True}
     if kind == "run_failed":

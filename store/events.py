@@ -1,7 +1,7 @@
 """`RunStore.append_event` once for every backend: the protocol's arguments become an
 `EventDraft` stamped with its instant, and each backend appends drafts (`_append_draft`), the
-same path `create_run(first_event=...)` takes. `all_events` reads a run's whole history in
-pages, for the readers that look for one kind of event in it."""
+same path `create_run(first_event=...)` takes. `all_events` reads a run's history in pages;
+`events_newest_first` reads it backwards, for the readers after the latest event of a kind."""
 
 from __future__ import annotations
 
@@ -31,6 +31,23 @@ class AppendsDrafts(ABC):
     @abstractmethod
     async def _append_draft(self, run_id: str, draft: EventDraft, at: datetime) -> Event:
         """Append with `seq = max(seq) + 1`, gap-free per run (see `RunStore.append_event`)."""
+
+
+async def events_newest_first(
+    store: RunStore, run_id: str, *, page: int = 1000
+) -> AsyncIterator[Event]:
+    """The run's events from the newest back, read `page` at a time: for a reader after the
+    latest event of a kind, which most often is among the last few (a parked run's
+    `run_dlq_parked`, the retry scheduled since the last claim), so a long history is not
+    read to find it."""
+    before: int | None = None
+    while True:
+        events = await store.read_events_before(run_id, before_seq=before, limit=page)
+        for event in events:
+            yield event
+        if len(events) < page:
+            return
+        before = events[-1].seq
 
 
 async def all_events(

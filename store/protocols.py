@@ -196,6 +196,14 @@ class RunStore(Protocol):
         """Events with `seq > after_seq`, ascending: readers poll "after the last seq"."""
         ...
 
+    async def read_events_before(
+        self, run_id: str, before_seq: int | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """Events with `seq < before_seq` (from the newest when None), descending: a reader
+        after a run's latest event of a kind stops at it instead of reading the history whole
+        (`store.events.events_newest_first`)."""
+        ...
+
     async def put_interaction(self, interaction: Interaction) -> Interaction:
         """Create the interaction, or return the existing one with that id (idempotent, so the
         action that projects it can be re-run)."""

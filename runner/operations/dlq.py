@@ -21,7 +21,7 @@ from runner.operations.env import Env
 from runner.operations.errors import is_unreachable
 from runner.operations.models import RecordDetail, ReplayOutcome, ReplayReport
 from store import BlobNotFound, RunDocument, RunfleetError, RunNotFound, RunStatus, utcnow
-from store.events import all_events
+from store.events import events_newest_first
 
 _EVENTS_PAGE = 10_000
 DLQ_REASONS: tuple[str, ...] = (
@@ -165,10 +165,13 @@ async def parked_record_id(env: Env, run: RunDocument) -> int | None:
     if run.status is not RunStatus.FAILED_RESUMABLE or run.failure_code != FailureCode.DLQ_PARKED:
         return None
     found: int | None = None
-    async for event in all_events(env.store, run.run_id, page=_EVENTS_PAGE):
+    # From the newest back: the park is among the run's last few events, whatever its history.
+    async for event in events_newest_first(env.store, run.run_id, page=_EVENTS_PAGE):
         record_id = event.data.get("record_id")
-        if event.type == "run_dlq_parked" and event.attempt == run.attempt:
-            found = record_id if isinstance(record_id, int) else found
+        parked = event.type == "run_dlq_parked" and event.attempt == run.attempt
+        if parked and isinstance(record_id, int):
+            found = record_id
+            break
     if found is None:
         return None
     try:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from engine.failures import is_auto_resumable
 from runner.operations.env import Env
 from store import Event, Origin, RunDocument, RunfleetError, RunStatus, RunStore, utcnow
-from store.events import all_events
+from store.events import events_newest_first
 from store.timeutil import iso_z
 
 EVENTS_PAGE = 10_000
@@ -64,13 +64,12 @@ class RetryWait:
 async def last_retry_scheduled(store: RunStore, doc: RunDocument) -> Event | None:
     """The run's `run_retry_scheduled` event since its last claim, if it has one (a run the
     sweeper failed `RUNNER_LOST` after a claim has none: no delay is known for it)."""
-    last: Event | None = None
-    async for event in all_events(store, doc.run_id, page=EVENTS_PAGE):
+    async for event in events_newest_first(store, doc.run_id, page=EVENTS_PAGE):
         if event.type == "run_claimed":
-            last = None  # a later execution: an earlier schedule is spent
-        elif event.type == "run_retry_scheduled" and event.attempt in (None, doc.attempt):
-            last = event
-    return last
+            return None  # read back to the last claim: no schedule since (an earlier is spent)
+        if event.type == "run_retry_scheduled" and event.attempt in (None, doc.attempt):
+            return event
+    return None
 
 
 async def retry_wait(

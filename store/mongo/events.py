@@ -106,3 +106,12 @@ class MongoEvents(AppendsDrafts, MongoConnection):
         flt = {"run_id": run_id, "seq": {"$gt": after_seq}}
         raws = await self._find("read events", self._events, flt, [("seq", ASCENDING)], limit)
         return [self._event(raw) for raw in raws]
+
+    async def read_events_before(
+        self, run_id: str, before_seq: int | None = None, limit: int = 1000
+    ) -> list[Event]:
+        flt: Doc = {"run_id": run_id}
+        if before_seq is not None:
+            flt["seq"] = {"$lt": before_seq}
+        raws = await self._find("read events", self._events, flt, [("seq", DESCENDING)], limit)
+        return [self._event(raw) for raw in raws]

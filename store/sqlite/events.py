@@ -57,7 +57,28 @@ class SqliteEvents(AppendsDrafts, SqliteConnection):
                 (run_id, after_seq, limit),
             ).fetchall()
         )
-        return [
-            decode(Event, loads(d, "event", f"{run_id}#{s}"), what="event", ident=f"{run_id}#{s}")
-            for s, d in rows
-        ]
+        return _decoded(run_id, rows)
+
+    async def read_events_before(
+        self, run_id: str, before_seq: int | None = None, limit: int = 1000
+    ) -> list[Event]:
+        before = _NO_SEQ_ABOVE if before_seq is None else before_seq
+        rows = await self._read(
+            lambda c: c.execute(
+                "SELECT seq, doc FROM events WHERE run_id = ? AND seq < ?"
+                " ORDER BY seq DESC LIMIT ?",
+                (run_id, before, limit),
+            ).fetchall()
+        )
+        return _decoded(run_id, rows)
+
+
+_NO_SEQ_ABOVE = 2**62
+"""Above every seq a run can reach (SQLite's integers are 64-bit)."""
+
+
+def _decoded(run_id: str, rows: list[tuple[int, str]]) -> list[Event]:
+    return [
+        decode(Event, loads(d, "event", f"{run_id}#{s}"), what="event", ident=f"{run_id}#{s}")
+        for s, d in rows
+    ]

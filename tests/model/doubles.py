@@ -192,6 +192,12 @@ class WatchedStore:
         await gate("read_events")
         return await self.inner.read_events(run_id, after_seq, limit)
 
+    async def read_events_before(
+        self, run_id: str, before_seq: int | None = None, limit: int = 1000
+    ) -> list[Event]:
+        await gate("read_events")
+        return await self.inner.read_events_before(run_id, before_seq, limit)
+
     async def put_interaction(self, interaction: Any) -> Any:
         await gate("put_interaction")
         return await self.inner.put_interaction(interaction)

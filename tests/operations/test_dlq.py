@@ -5,6 +5,7 @@ writes them (`DlqStore.put`)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from publisher import (
 from publisher.errors import StreamNotFound
 from runner import operations as ops
 from runner.operations import Env, is_unreachable
+from runner.operations import dlq as dlq_operations
 from store import RunDocument, RunStatus, utcnow
 from tests.publisher.conftest import Nats, put_run, stream_messages
 
@@ -207,3 +209,37 @@ async def test_a_record_that_does_not_read_is_listed_shown_and_purged_not_an_int
     assert not report.outcomes[0].replayed
     assert await ops.purge_records(env, [62]) == [62]
     assert await ids_left(dlq) == [61]
+
+
+async def test_the_record_a_parked_run_waits_on_is_read_from_its_newest_events(
+    env: Env, dlq: DlqStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status` of a `DLQ_PARKED` run names the record to replay. It used to read the run's
+    whole history for the `run_dlq_parked` event at its attempt; the event is among the last
+    few, so one page from the newest back finds it, whatever came before."""
+    run = await parked(env)
+    earlier = await record_for(dlq, run, 3)
+    await env.store.append_event(run.run_id, "run_dlq_parked", {"record_id": earlier.id}, attempt=1)
+    for i in range(40):
+        await env.store.append_event(run.run_id, "node_started", {"node": f"n{i}"}, attempt=2)
+    record = await record_for(dlq, run, 7)
+    await env.store.append_event(run.run_id, "run_dlq_parked", {"record_id": record.id}, attempt=2)
+    monkeypatch.setattr(dlq_operations, "_EVENTS_PAGE", 5)
+    pages: list[int] = []
+    for name in ("read_events", "read_events_before"):
+        real = getattr(env.store, name)
+
+        async def counted(*args: object, _real: Any = real, **kwargs: object) -> Any:
+            got = await _real(*args, **kwargs)
+            pages.append(len(got))
+            return got
+
+        monkeypatch.setattr(env.store, name, counted)
+
+    assert await ops.parked_record_id(env, run) == record.id
+    assert pages == [5]
+
+    older = run.model_copy(update={"attempt": 1})  # what the run was at its first park
+    pages.clear()
+    assert await ops.parked_record_id(env, older) == earlier.id
+    assert len(pages) == 9  # back through the whole history to the attempt-1 park

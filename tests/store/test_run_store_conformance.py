@@ -30,6 +30,7 @@ from store.errors import (
     StoreCorrupt,
     StoreError,
 )
+from store.events import events_newest_first
 from store.models import (
     Checkpoint,
     Interaction,
@@ -907,6 +908,32 @@ async def test_read_events_returns_only_events_after_the_given_seq(
     assert await run_store.read_events(run.run_id, after_seq=6) == []
     assert [e.seq for e in await run_store.read_events(run.run_id, after_seq=0, limit=2)] == [1, 2]
     assert [e.seq for e in await run_store.read_events(other.run_id)] == [1]
+
+
+async def test_read_events_before_reads_from_the_newest_back(
+    run_store: RunStore, make_run: MakeRun
+):
+    """The readers after a run's latest event of a kind (a parked run's record, the retry
+    since the last claim) read back from the newest instead of the whole history."""
+    run = await run_store.create_run(make_run())
+    other = await run_store.create_run(make_run())
+    for i in range(5):
+        await run_store.append_event(run.run_id, "node_started", {"node": f"n{i}"})
+    await run_store.append_event(other.run_id, "run_launched", {"workflow": "hello"})
+
+    newest = await run_store.read_events_before(run.run_id, limit=2)
+    assert [e.seq for e in newest] == [5, 4]
+    assert newest[0].data == {"node": "n4"}
+    assert [e.seq for e in await run_store.read_events_before(run.run_id, before_seq=4)] == [
+        3,
+        2,
+        1,
+    ]
+    assert await run_store.read_events_before(run.run_id, before_seq=1) == []
+    assert [e.seq for e in await run_store.read_events_before(other.run_id)] == [1]
+    assert await run_store.read_events_before("no-such-run") == []
+    paged = [e.seq async for e in events_newest_first(run_store, run.run_id, page=2)]
+    assert paged == [5, 4, 3, 2, 1]
 
 
 # -- interactions ------------------------------------------------------------------------------
