@@ -88,6 +88,31 @@ async def test_ensure_streams_creates_every_stream_and_consumer_with_three_repli
         await nc.close()
 
 
+async def test_the_dlq_is_listed_on_r3_streams_through_a_consumer_it_then_deletes(
+    nats_cluster: Cluster, nats_prefix: str
+) -> None:
+    """`DlqStore.list` reads through an ephemeral consumer (one server, in memory) on the
+    replicated DLQ stream: the records come back, and no consumer is left on the stream."""
+    from publisher.dlq import DlqStore
+
+    settings = wire(nats_cluster, nats_prefix)
+    names = WireNames(nats_prefix)
+    nc, js = await connect(settings, name="test-dlq-list")
+    try:
+        await _until_answered(lambda: ensure_streams(js, names, settings), within=15)
+        async with nats_cluster.client() as (watcher, _):
+            await leader_other_than(watcher, names.dlq_stream, None, exclude=None)
+        dlq = DlqStore(js, names, None)
+        for record_id in (4, 2, 9):
+            await dlq.put(
+                seq=record_id, body=b"{}", headers={}, reason="malformed", replayable=False
+            )
+        assert [r.id for r in await dlq.list()] == [2, 4, 9]
+        assert await js.consumers_info(names.dlq_stream) == []
+    finally:
+        await nc.close()
+
+
 async def test_a_paused_stream_leader_is_replaced_and_catches_up_when_resumed(
     nats_cluster: Cluster, nats_prefix: str
 ) -> None:

@@ -18,6 +18,7 @@ SCRIPTS = [
     "sweep",
     "hotpath",
     "refresh",
+    "dlq_list",
 ]
 
 

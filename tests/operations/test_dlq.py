@@ -18,6 +18,7 @@ from publisher import (
     WireNames,
     encode,
 )
+from publisher import dlq as dlq_module
 from publisher.errors import StreamNotFound
 from runner import operations as ops
 from runner.operations import Env, is_unreachable
@@ -70,6 +71,28 @@ async def test_list_records_filters_by_reason_and_age(env: Env, dlq: DlqStore) -
     assert [r.id for r in await ops.list_records(env)] == [11, 12]
     assert [r.id for r in await ops.list_records(env, reason="malformed")] == [12]
     assert await ops.list_records(env, older_than=timedelta(hours=1)) == []
+
+
+async def test_the_dlq_is_listed_in_batches_by_id_and_leaves_no_consumer_behind(
+    env: Env, dlq: DlqStore, nats_conn: Nats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`list` reads the stream through an ephemeral consumer a batch at a time (it asked for
+    one message a round trip): every record once, in id order whatever order they were written
+    in, across batch boundaries; a purged one is not there; and the consumer is deleted at the
+    end, so a console refreshing its DLQ page does not pile them up."""
+    monkeypatch.setattr(dlq_module, "_LIST_BATCH", 4)
+    run = await parked(env)
+    ids = [9, 3, 17, 1, 12, 5, 30, 2, 8, 21]
+    for record_id in ids:
+        await record_for(dlq, run, record_id)
+    assert await dlq.delete(12)
+
+    listed = await dlq.list()
+
+    assert [r.id for r in listed] == sorted(set(ids) - {12})
+    assert all(r.run_id == run.run_id for r in listed)
+    consumers = await nats_conn.js.consumers_info(dlq.names.dlq_stream)
+    assert consumers == []
 
 
 async def test_show_record_decodes_the_body_where_it_can_and_reads_the_run(
