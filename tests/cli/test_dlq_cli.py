@@ -300,10 +300,17 @@ def expected(parked: list[Parked]) -> dict[str, tuple[Any, ...]]:
     return {p.run_id: ("finished", p.attempt + 1, 1, False) for p in parked}
 
 
+KILLED_REPLAYS = 6
+"""Records a killed bulk replay starts on. With three, a loaded machine (CI's other workers)
+let the command replay all of them between the first replay the watcher saw and its SIGKILL,
+and there was nothing left to replay; each more record is one more replay's time for the kill
+to land in. Six parked runs fit the fleet's eight slots at once."""
+
+
 def test_a_bulk_replay_killed_halfway_loses_nothing_when_rerun(fleet: Up, workdir: Path) -> None:
     """Killed at the first sign of a replay (its run's attempt moved): the earliest point
     at which a bulk replay is half done."""
-    parked = park(fleet, workdir, 3)
+    parked = park(fleet, workdir, KILLED_REPLAYS)
     run_ids = [p.run_id for p in parked]
     try:
         for p in parked:
@@ -328,7 +335,7 @@ def test_a_bulk_replay_killed_after_queueing_a_replay_replays_each_run_once_when
 ) -> None:
     """Killed once a replay is queued and recorded, before (or just after) its record goes:
     the re-run recognises that run as replayed and does not replay it again."""
-    parked = park(fleet, workdir, 3)
+    parked = park(fleet, workdir, KILLED_REPLAYS)
     run_ids = [p.run_id for p in parked]
     try:
         for p in parked:
