@@ -26,8 +26,6 @@ from store.events import events_newest_first
 if TYPE_CHECKING:
     from nats.js.api import PubAck
 
-_EVENT_PAGE = 500
-
 
 class ReplayStage(StrEnum):
     """Where the last replay of a record left its run (the run document decides, nothing else)."""
@@ -210,7 +208,7 @@ async def _finish(pub: ReplayPublisher, run: RunDocument, stage: ReplayStage) ->
 
 async def _ensure_queued_event(store: RunStore, run_id: str, attempt: int) -> None:
     """`run_queued` for `attempt`, unless one is there (events are a projection, §2)."""
-    async for e in events_newest_first(store, run_id, page=_EVENT_PAGE):
+    async for e in events_newest_first(store, run_id):
         if e.type == "run_queued" and e.data.get("attempt") == attempt:
             return  # most often the last event or near it: read from the newest back
     await store.append_event(

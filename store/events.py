@@ -34,20 +34,23 @@ class AppendsDrafts(ABC):
 
 
 async def events_newest_first(
-    store: RunStore, run_id: str, *, page: int = 1000
+    store: RunStore, run_id: str, *, page: int = 32, max_page: int = 1000
 ) -> AsyncIterator[Event]:
-    """The run's events from the newest back, read `page` at a time: for a reader after the
-    latest event of a kind, which most often is among the last few (a parked run's
-    `run_dlq_parked`, the retry scheduled since the last claim), so a long history is not
-    read to find it."""
+    """The run's events from the newest back: for a reader after the latest event of a kind,
+    which most often is among the last few (a parked run's `run_dlq_parked`, the retry
+    scheduled since the last claim), so a long history is not read to find it. The first page
+    is small; each next one twice the last, up to `max_page`, so a reader that does go far
+    back makes few round trips."""
     before: int | None = None
+    size = page
     while True:
-        events = await store.read_events_before(run_id, before_seq=before, limit=page)
+        events = await store.read_events_before(run_id, before_seq=before, limit=size)
         for event in events:
             yield event
-        if len(events) < page:
+        if len(events) < size:
             return
         before = events[-1].seq
+        size = min(size * 2, max_page)
 
 
 async def all_events(

@@ -23,7 +23,6 @@ from runner.operations.models import RecordDetail, ReplayOutcome, ReplayReport
 from store import BlobNotFound, RunDocument, RunfleetError, RunNotFound, RunStatus, utcnow
 from store.events import events_newest_first
 
-_EVENTS_PAGE = 10_000
 DLQ_REASONS: tuple[str, ...] = (
     "attempt_ahead",
     "internal_error",
@@ -166,7 +165,7 @@ async def parked_record_id(env: Env, run: RunDocument) -> int | None:
         return None
     found: int | None = None
     # From the newest back: the park is among the run's last few events, whatever its history.
-    async for event in events_newest_first(env.store, run.run_id, page=_EVENTS_PAGE):
+    async for event in events_newest_first(env.store, run.run_id):
         record_id = event.data.get("record_id")
         parked = event.type == "run_dlq_parked" and event.attempt == run.attempt
         if parked and isinstance(record_id, int):

@@ -20,8 +20,6 @@ from store import Event, Origin, RunDocument, RunfleetError, RunStatus, RunStore
 from store.events import events_newest_first
 from store.timeutil import iso_z
 
-EVENTS_PAGE = 10_000
-
 
 def will_retry(doc: RunDocument) -> bool:
     """Whether the fleet's machinery (redelivery, the sweeper) will pick this run up again by
@@ -64,7 +62,7 @@ class RetryWait:
 async def last_retry_scheduled(store: RunStore, doc: RunDocument) -> Event | None:
     """The run's `run_retry_scheduled` event since its last claim, if it has one (a run the
     sweeper failed `RUNNER_LOST` after a claim has none: no delay is known for it)."""
-    async for event in events_newest_first(store, doc.run_id, page=EVENTS_PAGE):
+    async for event in events_newest_first(store, doc.run_id):
         if event.type == "run_claimed":
             return None  # read back to the last claim: no schedule since (an earlier is spent)
         if event.type == "run_retry_scheduled" and event.attempt in (None, doc.attempt):
