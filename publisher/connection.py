@@ -45,8 +45,12 @@ a few bytes per connection; a server too busy to answer for 20 s costs a reconne
 async def connect(
     settings: NatsSettings, *, name: str = "runfleet"
 ) -> tuple[Client, JetStreamContext]:
+    # Both read once, before the connect: `up` writes `nats.url` only once its streams take
+    # messages, and an error judged on a file written meanwhile would name the wrong server.
+    servers = settings.nats_servers()
+    no_url = not (settings.data / NATS_URL_FILE).is_file()
     options: dict[str, object] = {
-        "servers": settings.nats_servers(),
+        "servers": servers,
         "name": name,
         "connect_timeout": 2,
         "max_reconnect_attempts": INITIAL_CONNECT_ATTEMPTS,
@@ -74,8 +78,7 @@ async def connect(
     try:
         await nc.connect(**options)  # type: ignore[arg-type]
     except (OSError, TimeoutError, nats.errors.Error) as exc:
-        where = ",".join(redact(u) for u in settings.nats_servers())
-        no_url = not (settings.data / NATS_URL_FILE).is_file()
+        where = ",".join(redact(u) for u in servers)
         if settings.nats_url is None and no_url and _held(settings.data / UP_LOCK_FILE):
             # An `up` holds the data dir but has written no `nats.url`: it writes it once its
             # streams take messages (a cluster elects for seconds), and removes it as it stops.

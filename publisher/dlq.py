@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
 INLINE_BODY_MAX = 256 * 1024
 _LIST_BATCH = 512
-_LIST_FETCH_S = 5.0
+_LIST_FETCH_S = 1.0
 _LIST_IDLE_S = 30.0
 
 
@@ -40,6 +39,9 @@ class _Read:
     subject: str
     stream_seq: int
     at: datetime
+
+
+_Reads = list[_Read]  # named here: inside `DlqStore`, `list` is its method
 
 
 class DlqRecord(BaseModel):
@@ -158,13 +160,10 @@ class DlqStore:
     async def list(
         self, *, reason: str | None = None, older_than: datetime | None = None
     ) -> list[DlqRecord]:
-        """Every record (with `reason`, older than `older_than`), by id: read through an
-        ephemeral consumer over the DLQ subjects, `_LIST_BATCH` messages a round trip. It used
-        to ask for one message at a time (`get_msg` with `next`): 0.85 s for 5 000 records
-        where the consumer takes 0.11 s (`bench/dlq_list.py`), and the HTTP API reads the DLQ
-        whole for each page it serves."""
+        """Every record (with `reason`, older than `older_than`), by id. The HTTP API reads
+        the DLQ whole for each page it serves, so this is read in bulk (`_read_all`)."""
         records: list[DlqRecord] = []
-        async for msg in self._every_message():
+        for msg in await self._read_all():
             record = _record_of(msg.data, msg.subject, msg.stream_seq, msg.at)
             if reason is not None and record.reason != reason:
                 continue
@@ -173,42 +172,76 @@ class DlqStore:
             records.append(record)
         return sorted(records, key=lambda r: r.id)
 
-    async def _every_message(self) -> AsyncIterator[_Read]:
-        """The DLQ stream's messages on its record subjects, oldest first. No acks (the
-        consumer reads, never takes), held in memory on one server, and gone by itself
-        `_LIST_IDLE_S` after a reader that died half-way; a missing stream raises JetStream's
-        404 (not "no records"), as `stream_info` gives it."""
+    async def _read_all(self) -> _Reads:
+        """The DLQ stream's messages, oldest first: most of them through an ephemeral consumer
+        a batch at a time, then the rest from the stream's leader one `get_msg` at a time
+        from the last one the consumer gave. One `get_msg` each was the whole read before
+        (0.80 s for 5 000 records where the consumer takes 0.15 s, `bench/dlq_list.py`). The
+        leader's read stays, for what the consumer cannot vouch for: an R1 consumer on a
+        replicated stream may sit on a follower a record has not reached yet, and records
+        deleted while it reads leave its pending count too high (its fetch then gives
+        nothing). A missing stream raises JetStream's 404 (not "no records")."""
+        from nats.js.errors import NotFoundError  # nats-py only once connected (ADR-0024)
+
+        from publisher.nats_errors import is_stream_missing
+
+        info = await self.js.stream_info(self.names.dlq_stream)
+        if not info.state.messages:
+            return []  # the usual DLQ: no consumer made for nothing
+        got = await self._read_through_consumer()
+        seq = (got[-1].stream_seq if got else 0) + 1
+        while True:
+            try:
+                msg = await self.js.get_msg(
+                    self.names.dlq_stream, seq=seq, subject=self.names.dlq_subject("*"), next=True
+                )
+            except NotFoundError as exc:
+                if is_stream_missing(exc):
+                    raise
+                return got
+            assert msg.seq is not None
+            got.append(_Read(msg.data or b"", msg.subject or "", msg.seq, msg.time or utcnow()))
+            seq = msg.seq + 1
+
+    async def _read_through_consumer(self) -> _Reads:
+        """What an ephemeral consumer over the record subjects delivers: no acks (it reads,
+        never takes), in memory on one server, deleted at the end (a console refreshing its
+        DLQ page would otherwise keep a dozen), and gone by itself `_LIST_IDLE_S` after a
+        reader that died half-way. It stops at the first fetch that gives nothing."""
+        import nats.errors
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-        await self.js.stream_info(self.names.dlq_stream)  # no DLQ stream is not an empty one
-        psub = await self.js.pull_subscribe(
-            self.names.dlq_subject("*"),
-            stream=self.names.dlq_stream,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.NONE,
-                deliver_policy=DeliverPolicy.ALL,
-                mem_storage=True,
-                num_replicas=1,
-                inactive_threshold=_LIST_IDLE_S,
-            ),
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.ALL,
+            mem_storage=True,
+            num_replicas=1,
+            inactive_threshold=_LIST_IDLE_S,
         )
-        name: str | None = None
+        psub = await self.js.pull_subscribe(
+            self.names.dlq_subject("*"), stream=self.names.dlq_stream, config=config
+        )
+        got: _Reads = []
         try:
-            info = await psub.consumer_info()
-            name, pending = info.name, info.num_pending or 0
+            pending = (await psub.consumer_info()).num_pending or 0
             while pending > 0:
-                msgs = await psub.fetch(min(pending, _LIST_BATCH), timeout=_LIST_FETCH_S)
+                try:
+                    msgs = await psub.fetch(min(pending, _LIST_BATCH), timeout=_LIST_FETCH_S)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    break  # deleted since `pending` was counted, or slow: the leader reads on
+                if not msgs:
+                    break
                 for msg in msgs:
                     meta = msg.metadata
-                    yield _Read(msg.data, msg.subject, meta.sequence.stream, meta.timestamp)
-                pending = msgs[-1].metadata.num_pending if msgs else 0
+                    got.append(_Read(msg.data, msg.subject, meta.sequence.stream, meta.timestamp))
+                pending = msgs[-1].metadata.num_pending
         finally:
-            await psub.unsubscribe()
-            if name is not None:
-                # Gone now, not `_LIST_IDLE_S` later: a console refreshing its DLQ page would
-                # otherwise keep a dozen of them. Failing here loses nothing (it expires).
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+            if config.name:  # nats-py names the consumer it creates
                 with contextlib.suppress(Exception):
-                    await self.js.delete_consumer(self.names.dlq_stream, name)
+                    await self.js.delete_consumer(self.names.dlq_stream, config.name)
+        return got
 
     async def delete(self, record_id: int) -> bool:
         try:

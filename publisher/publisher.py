@@ -170,7 +170,8 @@ class Publisher:
                 # so (404) and ended the tries. The stream is there and unled, or JetStream
                 # itself does not answer.
                 why = (
-                    "it exists but has no leader"
+                    "the stream answers, but no server took the publish (its leader just"
+                    " elected, or moving)"
                     if stream_seen
                     else "JetStream did not answer for it either"
                 )

@@ -201,6 +201,15 @@ def fleet_env(data: Path, extra: dict[str, str] | None = None) -> dict[str, str]
     return env
 
 
+def ready_owners(data: Path, index: int) -> list[str]:
+    """The owners (`host:pid`) of each start of runner `index` of the fleet on `data`."""
+    try:
+        text = (data / "logs" / f"runner-{index}.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    return [m.group("owner") for m in READY.finditer(text)]
+
+
 @dataclass
 class Up:
     """A running `runfleet up --runners N --slots 4 --no-view --data DATA`."""
@@ -234,6 +243,11 @@ class Up:
         env = fleet_env(data, extra)
         check_settings_accepted(env, expect)
         out_path = tmp / "up.out"
+        # Ready lines of an earlier `up` on this data dir are in the same logs: only a new one
+        # says this start's runner consumes (counting the old ones, a second start on a
+        # cluster's data dir "was ready" while its streams still elected). Counted before the
+        # start, so this start's own line is never among them.
+        before = [len(ready_owners(data, i)) for i in range(runners)]
         with out_path.open("wb") as out:
             proc = subprocess.Popen(
                 [
@@ -250,11 +264,7 @@ class Up:
                 # Ctrl-C the way a terminal does, to the whole group.
                 start_new_session=True,
             )
-        up = cls(data, env, proc, out_path, runners)
-        # Ready lines of an earlier `up` on this data dir are in the same logs: only a new one
-        # says this start's runner consumes (counting the old ones, a second start on a
-        # cluster's data dir "was ready" while its streams still elected).
-        up.ready_before = [len(up.ready_lines(i)) for i in range(runners)]
+        up = cls(data, env, proc, out_path, runners, ready_before=before)
         try:
             eventually(up._ready, within=START_WITHIN_S, what="`runfleet up` ready")
         except BaseException:
@@ -279,11 +289,7 @@ class Up:
 
     def ready_lines(self, index: int) -> list[str]:
         """The owners (`host:pid`) of each start of runner `index`, in order."""
-        try:
-            text = self.runner_log(index)
-        except FileNotFoundError:
-            return []
-        return [m.group("owner") for m in READY.finditer(text)]
+        return ready_owners(self.data, index)
 
     def owners(self) -> set[str]:
         """Every runner identity (`host:pid`) this fleet has started."""

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from nats.js import JetStreamContext
 
 from publisher import (
     DlqRecord,
@@ -85,13 +86,65 @@ async def test_the_dlq_is_listed_in_batches_by_id_and_leaves_no_consumer_behind(
     for record_id in ids:
         await record_for(dlq, run, record_id)
     assert await dlq.delete(12)
+    one_at_a_time = count_get_msg(dlq, monkeypatch)
 
     listed = await dlq.list()
 
     assert [r.id for r in listed] == sorted(set(ids) - {12})
     assert all(r.run_id == run.run_id for r in listed)
+    assert one_at_a_time == [1]  # only the leader's "nothing after these" (it was one a record)
     consumers = await nats_conn.js.consumers_info(dlq.names.dlq_stream)
     assert consumers == []
+
+
+def count_get_msg(dlq: DlqStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """`[calls]` of `get_msg` on `dlq`'s JetStream context, counted as they happen."""
+    calls = [0]
+    real = dlq.js.get_msg
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(dlq.js, "get_msg", counted)
+    return calls
+
+
+async def test_records_deleted_while_the_dlq_is_listed_end_the_listing_not_fail_it(
+    env: Env, dlq: DlqStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bulk replay or purge deletes records while a console lists the DLQ: the consumer's
+    pending count, read before, is then too high, and its fetch finds nothing. The listing
+    ends with what is left (a review found it failed with a NATS timeout after 5 s)."""
+    run = await parked(env)
+    for record_id in (1, 2, 3, 4):
+        await record_for(dlq, run, record_id)
+    real_fetch = JetStreamContext.PullSubscription.fetch
+
+    async def purged_first(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for record_id in (1, 2, 3, 4):
+            await dlq.delete(record_id)
+        return await real_fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", purged_first)
+    assert await dlq.list() == []  # 4 pending when counted, none left to fetch
+
+
+async def test_what_the_consumer_did_not_deliver_is_read_from_the_leader(
+    env: Env, dlq: DlqStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An R1 consumer on a replicated DLQ stream may sit on a follower the newest records have
+    not reached: the listing reads on from the leader after the last record it was given."""
+    run = await parked(env)
+    for record_id in (4, 1, 7):
+        await record_for(dlq, run, record_id)
+    real = DlqStore._read_through_consumer
+
+    async def lagging(self: DlqStore) -> Any:
+        return (await real(self))[:1]  # a follower that had the first record only
+
+    monkeypatch.setattr(DlqStore, "_read_through_consumer", lagging)
+    assert [r.id for r in await dlq.list()] == [1, 4, 7]
 
 
 async def test_show_record_decodes_the_body_where_it_can_and_reads_the_run(

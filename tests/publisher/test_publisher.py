@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nats.js.errors import NoStreamResponseError
 
 from engine.errors import AnswersInvalid, AnswersRequired
 from engine.loader import LoadedWorkflow, load_workflow_file
@@ -963,3 +964,24 @@ async def test_replay_of_an_unknown_record_is_record_not_found(publisher: Publis
 def test_wire_settings_refuse_a_retry_budget_as_long_as_the_sweeper_grace():
     with pytest.raises(ValueError, match="RETRY_BUDGET"):
         WireSettings(publish_retry_budget="60s", sweeper_grace="60s")
+
+
+async def test_a_publish_no_server_took_while_the_stream_answers_is_said_to_be_an_election(
+    publisher: Publisher, monkeypatch: pytest.MonkeyPatch
+):
+    """The moment a replicated stream's new leader has not yet taken over its subjects: the
+    publish gets "no responders" while the stream's info answers. Not a missing stream
+    (`streams ensure` would not help): a wait. The publish is made to meet that moment on
+    every try; the stream and its info are real."""
+    publisher.settings = wire_settings(publish_attempts=2)
+
+    async def nobody_took_it(*args: Any, **kwargs: Any) -> Any:
+        raise NoStreamResponseError
+
+    monkeypatch.setattr(publisher.js, "publish", nobody_took_it)
+    with pytest.raises(PublishFailed) as info:
+        await publisher.launch(example("hello.yaml"), {}, tenant="default")
+    assert "failed after 2 tries" in info.value.message
+    assert "the stream answers, but no server took the publish" in info.value.message
+    assert "streams ensure" not in (info.value.remedy or "")
+    assert "wait a few seconds and retry" in (info.value.remedy or "")
