@@ -310,8 +310,9 @@ async def idle_runner(fleet: Any, owner: str = "idle", **settings: Any) -> Any:
     return runner
 
 
-def failed_at_hold(run_id: str, gates: Path, code: str) -> RunDocument:
-    """`hold.yaml` parked `failed_resumable` at its `hold` node by an earlier execution."""
+def failed_at_hold(run_id: str, gates: Path, code: str, **fields: Any) -> RunDocument:
+    """`hold.yaml` parked `failed_resumable` at its `hold` node by an earlier execution
+    (`fields`: more of the document, e.g. its `scratch`)."""
     return new_run(
         "hold",
         run_id=run_id,
@@ -326,4 +327,5 @@ def failed_at_hold(run_id: str, gates: Path, code: str) -> RunDocument:
             progress=1,
             vars={"dir": str(gates)},
         ),
+        **fields,
     )

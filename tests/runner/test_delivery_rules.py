@@ -36,6 +36,7 @@ from tests.runner.callables import (
     body,
     bound_drain,
     entered,
+    failed_at_hold,
     ghost_owner,
     lease,
     new_run,
@@ -524,21 +525,7 @@ async def test_redelivery_of_a_resume_does_not_lend_force_or_accept_scratch_loss
     run_id = new_run_id()
     v2 = workflow("hold_v2")
     await fleet.store.create_run(
-        new_run(
-            "hold",
-            run_id=run_id,
-            status=S.FAILED_RESUMABLE,
-            failure_code="SCRATCH_NOT_PORTABLE",
-            inputs={"dir": str(gates)},
-            scratch=UNBANKABLE,
-            checkpoint=Checkpoint(
-                restart_node="hold",
-                outputs={"before": {"ready": "yes"}},
-                completed=["before"],
-                progress=1,
-                vars={"dir": str(gates)},
-            ),
-        )
+        failed_at_hold(run_id, gates, "SCRATCH_NOT_PORTABLE", scratch=UNBANKABLE)
     )
     resumed = await fleet.publisher.resume(
         run_id,
